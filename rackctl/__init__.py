@@ -1,0 +1,1 @@
+"""rackctl: the operator CLI; the one place that joins daemons and simulators (demo, lock-step)."""

@@ -1,0 +1,103 @@
+"""Config loading: TOML into validated pydantic models; every error names its key path.
+
+Usage::
+
+    cfg = load_config(ValveyConfig, path)        # raises ConfigError
+    cfg = load_config(ValveyConfig, None)        # embedded defaults
+
+Rules (DESIGN §3): units in field names, limits checked across fields by model validators,
+unknown keys are errors (typos must not silently fall back to defaults), secrets only from the
+environment (`SecretFromEnv`).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from rackplane.errors import ConfigError
+
+
+class StrictModel(BaseModel):
+    """Base for every config model: unknown keys are errors, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def format_validation_error(err: ValidationError, source: str) -> list[str]:
+    """One line per problem: ``<source>: <key.path[3].sub>: <message> (got <input>)``."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"])
+        loc = loc.replace(".[", "[") or "<root>"
+        got = e.get("input")
+        shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+        lines.append(f"{source}: {loc}: {e['msg']}{shown}")
+    return lines
+
+
+def validate_data(
+    model: type[M],
+    data: dict[str, Any],
+    source: str = "<config>",
+    base_dir: str | os.PathLike[str] | None = None,
+) -> M:
+    """Validate a mapping into ``model``; raises `ConfigError` listing every key path.
+
+    ``base_dir`` is where relative paths in the config resolve (the config file's folder).
+    """
+    try:
+        return model.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as err:
+        problems = format_validation_error(err, source)
+        raise ConfigError(
+            f"invalid configuration in {source}:\n  " + "\n  ".join(problems),
+            path=source,
+            problems=problems,
+        ) from None
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse a TOML file; raises `ConfigError` with the file name and the parser's position."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}", path=str(p)) from None
+    except PermissionError:
+        raise ConfigError(f"config file not readable: {p}", path=str(p)) from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{p}: not valid TOML: {err}", path=str(p)) from None
+
+
+def load_config(model: type[M], path: str | os.PathLike[str] | None) -> M:
+    """Load ``path`` (TOML) into ``model``; ``None`` gives the embedded defaults.
+
+    Raises:
+        ConfigError: file missing or unreadable, invalid TOML, or any validation failure.
+    """
+    if path is None:
+        return validate_data(model, {}, "<embedded defaults>")
+    return validate_data(model, read_toml(path), str(path), base_dir=Path(path).parent)
+
+
+def secret_from_env(var: str | None) -> str | None:
+    """The value of environment variable ``var`` (secrets never live in config files).
+
+    Raises:
+        ConfigError: ``var`` is named but not set.
+    """
+    if not var:
+        return None
+    value = os.environ.get(var)
+    if value is None:
+        raise ConfigError(f"environment variable {var} (named in config) is not set")
+    return value

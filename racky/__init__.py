@@ -1,0 +1,1 @@
+"""racky: the rack power and infrastructure manager."""

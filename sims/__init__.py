@@ -1,0 +1,1 @@
+"""sims: plant models (pure) and their protocol faces (Modbus TCP, MQTT)."""

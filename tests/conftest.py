@@ -1,0 +1,3 @@
+"""Shared test configuration: the real-server fixtures live in tests/servers.py."""
+
+pytest_plugins = ["tests.servers"]
