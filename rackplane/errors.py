@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class RackplaneError(Exception):
     """Base of every error this project raises on purpose."""
@@ -46,7 +48,7 @@ class ModbusExceptionResponse(ModbusError):
             11 gateway target failed to respond).
     """
 
-    NAMES = {
+    NAMES: ClassVar[dict[int, str]] = {
         1: "illegal_function",
         2: "illegal_data_address",
         3: "illegal_data_value",

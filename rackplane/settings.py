@@ -88,6 +88,20 @@ class MqttSettings(StrictModel):
         "oldest is dropped and counted beyond this (state and alarms are never dropped)"
     )
 
+    ack_timeout_s: float = Field(
+        10.0, gt=0, le=120, description="bound on waiting for the TCP connect, CONNACK, SUBACK "
+        "and PUBACK of one request; a connection that does not answer in time is dropped and "
+        "reconnected"
+    )
+    stop_timeout_s: float = Field(
+        3.0, gt=0, le=60, description="budget of MqttLink.stop(): publish 'stopping', send what "
+        "is queued, publish 'offline' and disconnect; keep it inside the service stop budget"
+    )
+    outbox_max: int = Field(
+        1000, ge=10, description="outgoing QoS 1 command replies kept while disconnected; the "
+        "oldest is dropped and counted beyond this"
+    )
+
     @model_validator(mode="after")
     def _backoff(self) -> MqttSettings:
         if self.reconnect_max_s < self.reconnect_min_s:
@@ -105,6 +119,15 @@ class SpoolSettings(StrictModel):
     )
     segment_bytes: int = Field(8 * 2**20, ge=4096)
     fsync_interval_s: float = Field(1.0, gt=0, le=60)
+    append_interval_s: float = Field(
+        0.1, gt=0, le=1.0, description="longest a written line waits in the writer's memory "
+        "before it is appended to the spool file: the most a SIGKILL can lose"
+    )
+    memory_max_lines: int = Field(
+        10_000, ge=100, description="lines kept in memory while the spool cannot be written "
+        "(disk full, unwritable); the oldest are dropped and counted beyond it (REFERENCE §8 "
+        "Telemetry buffering: >= 10,000 points in RAM)"
+    )
 
     _resolve = field_validator("directory")(resolve_path)
 
@@ -125,12 +148,26 @@ class TsdbSettings(StrictModel):
     batch_lines: int = Field(1000, ge=1, le=100_000)
     flush_interval_s: float = Field(1.0, gt=0, le=60)
     timeout_s: float = Field(10.0, gt=0, le=120)
+    # Faster than influxdb-client's 5 s / 125 s defaults (REFERENCE §8): the spool holds every
+    # line through any outage, so retrying sooner only shortens recovery; the cap keeps a
+    # returning database from waiting more than 30 s for the first retry.
     retry_initial_s: float = Field(1.0, gt=0)
     retry_max_s: float = Field(30.0, gt=0)
     stop_budget_s: float = Field(
         5.0, ge=0, description="time allowed at shutdown to drain the spool; the rest is "
         "sent after restart. Keep it below systemd's TimeoutStopSec"
     )
+    replay_give_up_s: float = Field(
+        180.0, gt=0, description="rackctl replay stops after this long without progress "
+        "(REFERENCE §8 InfluxDB retries: give up after 180 s); its cursor lets a later replay "
+        "resume. The daemon's writer never gives up: the spool keeps the data"
+    )
+
+    @model_validator(mode="after")
+    def _retry(self) -> TsdbSettings:
+        if self.retry_max_s < self.retry_initial_s:
+            raise ValueError("retry_max_s must be >= retry_initial_s")
+        return self
 
     @field_validator("url")
     @classmethod
@@ -158,6 +195,15 @@ class ModbusTargetSettings(StrictModel):
     )
     reconnect_min_s: float = Field(0.5, gt=0)
     reconnect_max_s: float = Field(30.0, gt=0)
+    framer: Literal["socket", "rtu"] = Field(
+        "socket",
+        description="'socket' is Modbus TCP (MBAP header); 'rtu' is RTU frames over TCP, for "
+        "serial gateways in transparent mode (unit 0 is then broadcast, FIELD-CASES BR-06)",
+    )
+    poll_enabled: bool = Field(
+        True,
+        description="False for a write-only target (e.g. an RTU broadcast, unit 0): no reads",
+    )
 
     @field_validator("name")
     @classmethod
@@ -177,6 +223,15 @@ class ModbusTargetSettings(StrictModel):
     def _backoff(self) -> ModbusTargetSettings:
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ValueError("reconnect_max_s must be >= reconnect_min_s")
+        if self.framer == "rtu":
+            if self.unit_id == 0 and self.poll_enabled:
+                raise ValueError(
+                    "unit_id 0 on an RTU line is the broadcast address: no device answers "
+                    "reads (FIELD-CASES BR-06); give the device's own unit id, or set "
+                    "poll_enabled = false for a broadcast-write target"
+                )
+            if self.unit_id > 247:
+                raise ValueError("RTU unit ids are 1-247 (0 is broadcast; 248-255 reserved)")
         return self
 
 
@@ -185,3 +240,15 @@ class LogSettings(StrictModel):
 
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "console", "json"] = "auto"
+
+
+def effective_spool(spool: SpoolSettings, environ: dict[str, str] | None = None) -> SpoolSettings:
+    """Under systemd (``$STATE_DIRECTORY``) a relative spool directory lives in the state dir."""
+    import os
+
+    env = os.environ if environ is None else environ
+    state_dir = env.get("STATE_DIRECTORY")
+    if state_dir and not spool.directory.is_absolute():
+        first = state_dir.split(":")[0]
+        return spool.model_copy(update={"directory": Path(first) / spool.directory})
+    return spool

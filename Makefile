@@ -1,0 +1,40 @@
+# rackplane: the two quick-start commands are `make demo` and `make test`; each sets up what it needs.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.13 || command -v python3.12 || command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.rackplane-installed
+DURATION ?=
+DEMO_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: help venv demo test servers lint bench scenarios clean
+
+help:
+	@echo "make demo [DURATION=s]  run valvey against the CDU simulator (embedded broker, no servers needed)"
+	@echo "make test               run the whole test suite (installs Mosquitto and VictoriaMetrics if missing)"
+	@echo "make lint               ruff and mypy"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rackplane needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[tools,test]'
+	@touch $@
+
+demo: $(STAMP)
+	$(BIN)/rackctl demo $(if $(DURATION),--duration $(DURATION)) $(DEMO_ARGS)
+
+servers:
+	@./scripts/ensure-servers
+
+test: $(STAMP) servers
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache demo-output
