@@ -101,3 +101,66 @@ def secret_from_env(var: str | None) -> str | None:
     if value is None:
         raise ConfigError(f"environment variable {var} (named in config) is not set")
     return value
+
+
+def toml_value(v: Any) -> str | None:
+    """TOML for a default value; None when TOML cannot express it (null)."""
+    import json
+    from enum import Enum
+
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, Enum):
+        v = v.value
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, Path | str):
+        return json.dumps(str(v))
+    if isinstance(v, list | tuple):
+        items = [toml_value(x) for x in v]
+        return None if any(i is None for i in items) else "[" + ", ".join(items) + "]"  # type: ignore[arg-type]
+    if isinstance(v, dict):
+        parts = [(k, toml_value(x)) for k, x in v.items()]
+        if any(r is None for _, r in parts):
+            return None
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {r}" for k, r in parts) + "}"
+    return json.dumps(str(v))
+
+
+def example_toml(model: type[BaseModel], title: str) -> str:
+    """A commented TOML file with every key of ``model``, its default and its description.
+
+    Keys whose default is None are written commented out. Generated from the models, so the
+    shipped examples cannot drift from the code (a test compares them).
+    """
+    out = [f"# {title}", "# Generated from the config models: every key with its default.", ""]
+    instance = model()
+
+    def walk(m: BaseModel, prefix: str) -> None:
+        scalars: list[str] = []
+        nested: list[tuple[str, BaseModel]] = []
+        for name, info in type(m).model_fields.items():
+            value = getattr(m, name)
+            if isinstance(value, BaseModel):
+                nested.append((name, value))
+                continue
+            desc = (info.description or "").replace("\n", " ")
+            rendered = toml_value(value)
+            if desc:
+                scalars.append(f"# {desc}")
+            if rendered is None:
+                scalars.append(f"# {name} = (unset)")
+            else:
+                scalars.append(f"{name} = {rendered}")
+        if scalars and prefix:
+            out.append(f"[{prefix}]")
+        out.extend(scalars)
+        if scalars:
+            out.append("")
+        for name, sub in nested:
+            walk(sub, f"{prefix}.{name}" if prefix else name)
+
+    walk(instance, "")
+    return "\n".join(out).rstrip() + "\n"

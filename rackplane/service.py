@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -184,7 +184,7 @@ async def run_daemon(daemon: Daemon, name: str) -> int:
 
 def supervised(
     name: str, coro_fn: Callable[[], Awaitable[Any]], log: Any, restart_delay_s: float = 1.0
-) -> Callable[[], Awaitable[None]]:
+) -> Callable[[], Coroutine[Any, Any, None]]:
     """Wrap an owner task so an unexpected exception is logged and the task restarted.
 
     Owner tasks are written never to raise; this is the last line of defence (a bulkhead:

@@ -235,6 +235,59 @@ class ModbusTargetSettings(StrictModel):
         return self
 
 
+Role = Literal["reader", "automation", "operator"]
+"""Command roles, least to most privileged (DESIGN §1: operator > automation; reader reads)."""
+
+
+class CommandSettings(StrictModel):
+    """The command path (DESIGN §1 commands, §3 MQTT ``cmd/<user>/<verb>``).
+
+    The ``<user>`` topic level is the broker username (the broker's ACL makes it unforgeable);
+    its role comes from ``users`` here, never from a payload field. The defaults need no config:
+    every user is a ``reader`` (``get_state`` only) until named in ``users``.
+    """
+
+    users: dict[str, Role] = Field(
+        default_factory=dict,
+        description="broker username -> role (operator | automation | reader), e.g. "
+        "{ alice = 'operator', bms = 'automation' }",
+    )
+    default_role: Role = Field("reader", description="role of a username not in `users`")
+    ttl_s: float = Field(
+        300.0, gt=0, le=86_400, allow_inf_nan=False,
+        description="a command whose issued_at is older than this is refused as 'expired'. "
+        "Long enough that QoS 1 commands queued by the broker through a short outage or a "
+        "daemon restart still apply (FIELD-CASES BR-22 a); short enough that a forgotten "
+        "one does not",
+    )
+    clock_skew_s: float = Field(
+        30.0, ge=0, le=3600, allow_inf_nan=False,
+        description="a command issued further than this in the future (by our wall clock) "
+        "is refused as 'from_future' (a client clock far ahead would otherwise outlive ttl_s)",
+    )
+    max_payload_bytes: int = Field(
+        16_384, ge=1024, le=262_144,
+        description="larger payloads are refused ('too_large') before they are parsed",
+    )
+    dedup_entries: int = Field(
+        1024, ge=16, le=1_000_000,
+        description="(user, request_id) pairs remembered: a redelivered or repeated command is "
+        "answered with its first reply and never applied twice (BR-22 a). Keep it above the "
+        "number of commands expected within ttl_s",
+    )
+
+    @field_validator("users")
+    @classmethod
+    def _usernames(cls, v: dict[str, Role]) -> dict[str, Role]:
+        for name in v:
+            if not name or any(c in name for c in "/+#\x00"):
+                raise ValueError(
+                    f"username {name!r} must be one non-empty MQTT topic level (no '/', '+', "
+                    "'#'): it is the <user> level of cmd/<user>/<verb>"
+                )
+        return v
+
+
 class LogSettings(StrictModel):
     """Logging: console renderer on a TTY, JSON lines otherwise (``format = 'auto'``)."""
 

@@ -11,6 +11,7 @@ Definitions (issue 4 / REFERENCE §5):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -106,7 +107,7 @@ def valve_activity(
     vals = [c for c in command_pct if c is not None and math.isfinite(c)]
     if len(vals) < 2:
         return ValveActivity(0.0, 0.0, 0.0, len(vals))
-    moves = [abs(b - a) for a, b in zip(vals, vals[1:], strict=False)]
+    moves = [abs(b - a) for a, b in itertools.pairwise(vals)]
     travel = sum(moves)
     hours = len(moves) * period_s / 3600.0
     active = sum(1 for m in moves if m > deadband_pct) / len(moves)

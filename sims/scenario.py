@@ -100,7 +100,12 @@ class FacilitySpec(StrictModel):
 
 
 FaultKind = Literal[
-    "pump_trip", "valve_stuck", "valve_offset", "valve_slow", "sensor", "leak",
+    "pump_trip",
+    "valve_stuck",
+    "valve_offset",
+    "valve_slow",
+    "sensor",
+    "leak",
     "controller_restart",
 ]
 
@@ -179,9 +184,7 @@ def scenario_dir() -> Path:
 
 def list_scenarios() -> list[Scenario]:
     """Every bundled scenario, sorted by name."""
-    return sorted(
-        (load_scenario(p) for p in scenario_dir().glob("*.toml")), key=lambda s: s.name
-    )
+    return sorted((load_scenario(p) for p in scenario_dir().glob("*.toml")), key=lambda s: s.name)
 
 
 def load_scenario(ref: str | Path) -> Scenario:
@@ -286,9 +289,7 @@ class ScenarioRun:
         elif f.kind == "sensor":
             assert f.point is not None and f.mode is not None
             if start:
-                p.set_sensor_fault(
-                    f.point, f.mode, magnitude=f.magnitude, rate_per_s=f.rate_per_s
-                )
+                p.set_sensor_fault(f.point, f.mode, magnitude=f.magnitude, rate_per_s=f.rate_per_s)
             else:
                 p.clear_sensor_fault(f.point)
         elif f.kind == "leak":

@@ -35,7 +35,9 @@ def free_port() -> int:
 
 def require_binary(name: str, package: str) -> str:
     """Path of ``name``; skip (developer) or fail (CI=true) when it is not installed."""
-    path = shutil.which(name) or (f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}") else None)
+    path = shutil.which(name) or (
+        f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}") else None
+    )
     if path:
         return path
     msg = f"{name} not found: install the Debian package '{package}' (make test does this as root)"

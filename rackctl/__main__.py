@@ -1,0 +1,3 @@
+from rackctl.cli import main
+
+main()

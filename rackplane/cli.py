@@ -1,0 +1,56 @@
+"""Shared command-line pieces of the daemons: config errors, logging, running the service.
+
+The CLIs are built with typer (a maintained library, chosen over argparse boilerplate).
+Exit codes: 0 ok, 1 runtime failure (e.g. dry connect could not read), 2 invalid config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from rackplane.errors import ConfigError
+from rackplane.log import configure_logging
+from rackplane.samples import Sample
+
+EXIT_OK = 0
+EXIT_RUNTIME = 1
+EXIT_CONFIG = 2
+
+
+def fail_config(err: ConfigError) -> None:
+    """Print a config error (every key path) to stderr and exit 2."""
+    msg = Text("config error", style="bold red")
+    msg.append(f": {err}", style="")  # plain text: config paths contain [brackets]
+    Console(stderr=True, soft_wrap=True).print(msg, highlight=False)
+    sys.exit(EXIT_CONFIG)
+
+
+def setup_logging(level: str | None, fmt: str | None, cfg_log: Any) -> None:
+    configure_logging(level or cfg_log.level, fmt or cfg_log.format)  # type: ignore[arg-type]
+
+
+def run_async(main: Callable[[], Any]) -> int:
+    """Run the daemon's async main; Ctrl-C before the handlers are installed exits quietly."""
+    try:
+        return int(asyncio.run(main()) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+def samples_table(title: str, samples: list[Sample], ranges: dict[str, str]) -> Table:
+    """A table of samples for --dry-connect: point, value, unit, quality, range verdict."""
+    t = Table(title=title)
+    for col in ("point", "value", "unit", "quality", "valid range", "verdict"):
+        t.add_column(col)
+    for s in samples:
+        verdict = "ok" if s.usable else (s.reason or s.quality.value)
+        value = "—" if s.value is None else f"{s.value:.6g}"
+        t.add_row(s.point, value, s.unit, s.quality.value, ranges.get(s.point, ""), verdict)
+    return t

@@ -1,0 +1,1079 @@
+"""Modbus TCP acquisition: one owner task, one connection, per device (DESIGN §1 bulkheads).
+
+This is the only daemon-side module importing pymodbus (3.16.x). Everything the library
+raises is turned into `rackplane.errors` types here; decode, encode and read planning are the
+pure functions of `rackplane.registers`.
+
+`ModbusDevice.run()` is the owner task. It connects with capped, jittered exponential backoff,
+polls on a fixed-rate schedule of the monotonic clock, reads the planned blocks, and hands
+one `Sample` per configured point per poll to ``on_samples``: GOOD, or not GOOD with a reason.
+Writes and dry reads are queued to it, so one client serialises every request.
+
+Field behaviour (FIELD-CASES):
+
+- BR-03: pymodbus 3.16.1 skips a reply whose transaction id differs from the request's, but
+  it *accepts a reply with tid 0 for any request*, never checks the function code or byte
+  count (a 1-register reply is returned for a 3-register read; an FC01 reply for an FC04
+  request), does not check the unit id when the request went to unit 0, and drops the whole
+  receive buffer once it holds more than 264 bytes (a late 125-register reply followed by the
+  right one in the same TCP chunk: both lost, a timeout). This module installs a strict framer
+  in the client: a reply is accepted only when tid, unit id, function code and byte count
+  (or write echo) all match the outstanding request; anything else is dropped and counted
+  (``stats.stale_frames``: other tid or no request outstanding; ``stats.rejected_frames``:
+  right tid, wrong content). A broken MBAP header (protocol id != 0, impossible length) is a
+  desync: the request times out and the connection is replaced. pymodbus wraps tids
+  65000 -> 1 (never 0).
+- BR-04: exception responses never escape the owner task. 2 -> the read plan is split and the
+  split remembered, a single point answering 2 is BAD ``illegal_data_address``; 3 -> the
+  request size shrinks (remembered); 6 -> the block's points are STALE ``server_busy`` this
+  cycle (no invalid state, retried next cycle); 10/11 -> the unit is unavailable
+  (``stats.available``), its points STALE, the TCP connection kept (the gateway is fine).
+- BR-05: no request exceeds 125 registers or the device's remembered limit.
+- BR-06: unit 0 over TCP is an ordinary device (reads wait for the reply, its unit id is
+  checked). With ``framer = "rtu"`` unit 0 is broadcast: writes are sent with pymodbus'
+  ``no_response_expected`` (return at once, logged "no response expected"); reads are refused.
+- BR-07: a timeout or connection loss makes every point STALE from that poll on (values read
+  and validated earlier in the same poll stay GOOD: they are fresh), drops the connection and
+  reconnects with a *new* client object: no byte of the old connection can be read again.
+  Backoff doubles from ``reconnect_min_s`` (floored at `MIN_RECONNECT_DELAY_S`) to
+  ``reconnect_max_s`` with jitter in [d/2, d]; it resets only after a successful read, so a
+  half-open device that accepts TCP but never answers keeps backing off. Only a live
+  connection is dropped and rescheduled: a request refused while disconnected never touches
+  the reconnect schedule or the backoff (field bug: a heartbeat write refused every second
+  re-armed a 1-2 s delay each time, so the device never reconnected).
+- A connection the device closes while idle (reboot, gateway idle timeout) is reopened at
+  once if it had worked, so it costs no STALE poll. A connection lost *during* a request
+  costs that request's timeout (pymodbus 3.16.1 does not fail the pending request on close).
+- Shutdown: Python 3.11's ``asyncio.wait_for``, used by pymodbus for every request, swallows a
+  cancel that arrives together with the reply (CPython gh-86296); the owner re-raises it from
+  `asyncio.Task.cancelling`, so cancelling `ModbusDevice.run` always stops it.
+
+Logging: state changes once per change (``modbus_offline`` / ``modbus_online`` once per outage
+however many reconnects it takes, unit unavailable/available, a point becoming invalid and
+recovering, a read plan change, a probable word-order error, a point's writes failing
+(``modbus_write_failed``, again only when the reason changes) and succeeding again
+(``modbus_write_recovered``), an internal error and its end); each connect attempt, close and
+successful write is a debug line (a heartbeat is written every second). Every failure is
+counted in `ModbusStats` however often it is logged. pymodbus' own per-event log lines (every
+timeout, every skipped frame, each with a hex dump) are silenced by raising the ``pymodbus``
+logger to CRITICAL, since every such event is reported here as a typed error, a counter or a
+state change.
+
+The injected `Clock` must advance in real time (`SystemClock`): it schedules polls and
+reconnects and stamps samples; asyncio waits on it. Sample values are floats: 64-bit integer
+points above 2**53 lose precision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import struct
+import traceback
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pymodbus.client import AsyncModbusTcpClient
+from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
+from pymodbus.framer import FramerSocket, FramerType
+from pymodbus.pdu import DecodePDU, ModbusPDU
+
+from rackplane.clock import Clock
+from rackplane.errors import (
+    ModbusConnectionError,
+    ModbusDecodeError,
+    ModbusError,
+    ModbusExceptionResponse,
+    ModbusTimeout,
+    WriteRejected,
+)
+from rackplane.log import get_logger
+from rackplane.registers import (
+    EncodedWrite,
+    PointSpec,
+    ReadBlock,
+    ReadMemory,
+    RegisterMap,
+    encode_write,
+    learn_from_exception,
+    load_register_map,
+    plan_reads,
+    samples_from_block,
+)
+from rackplane.samples import Quality, Sample, invalid
+from rackplane.settings import ModbusTargetSettings
+
+#: Floor of the reconnect delay, whatever the settings say (FIELD-CASES BR-07: pymodbus
+#: issue 1794, ``reconnect_delay=0`` spun at 100 % CPU).
+MIN_RECONNECT_DELAY_S = 0.1
+#: Floor of the poll interval: the owner task never polls more often than this.
+MIN_POLL_INTERVAL_S = 0.001
+#: Extra time allowed over ``timeout_s`` before the owner abandons a request itself (pymodbus
+#: applies ``timeout_s``; this only guards against a library hang).
+OUTER_TIMEOUT_MARGIN_S = 1.0
+#: Bound on plan changes (split/shrink) applied and retried within one poll.
+MAX_PLAN_RETRIES_PER_POLL = 16
+#: pymodbus keeps at most this many received bytes before it discards them all (its default,
+#: the 264-byte maximum ADU, loses a right reply queued behind a late one: BR-03).
+RECEIVE_BUFFER_BYTES = 1 << 20
+
+_READ_CALLS: dict[int, str] = {
+    1: "read_coils",
+    2: "read_discrete_inputs",
+    3: "read_holding_registers",
+    4: "read_input_registers",
+}
+_GATEWAY_CODES = frozenset({10, 11})
+#: Reasons that describe the device or its link, not one point: no per-point log line.
+_DEVICE_REASONS = frozenset(
+    {"timeout", "not_connected", "connection_lost", "reply_mismatch", "desync",
+     "gateway_path_unavailable", "gateway_target_no_response", "stopped", "modbus_error"}
+)
+
+logging.getLogger("pymodbus").setLevel(logging.CRITICAL)
+
+
+def _raise_if_cancelling() -> None:
+    """Re-raise a cancellation that a library swallowed.
+
+    Python 3.11's ``asyncio.wait_for`` (used by pymodbus 3.16.1 for every request and
+    connect) returns the result instead of raising when the cancel arrives in the same loop
+    iteration as the reply (CPython gh-86296, fixed in 3.12). The task still counts the
+    request (`asyncio.Task.cancelling`), so the owner checks it between steps: without this,
+    a busy device task could ignore a shutdown forever.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
+
+
+def _bug_key(err: BaseException) -> str:
+    """What makes two internal errors "the same bug" for logging: type and raising line."""
+    tb = traceback.extract_tb(err.__traceback__)
+    where = f"{tb[-1].filename}:{tb[-1].lineno}" if tb else "?"
+    return f"{type(err).__name__} at {where}"
+
+
+# --- strict reply matching (BR-03) -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Expect:
+    """The outstanding request, as its reply must answer it."""
+
+    unit: int
+    function_code: int
+    count: int = 0  # registers or bits read; 0 for writes
+    echo: bytes | None = None  # the exact 4 bytes a write reply echoes
+    no_response: bool = False
+
+
+class _ReplyGuard:
+    """Matches reply frames to the one outstanding request; counts what it drops."""
+
+    def __init__(self, stats: ModbusStats) -> None:
+        self._stats = stats
+        self.expect: _Expect | None = None
+        self.bad_reply = False  # a frame with the right tid but wrong content arrived
+        self.desync = False
+
+    def begin(self, expect: _Expect) -> None:
+        self.expect = expect
+        self.bad_reply = False
+        self.desync = False
+
+    def end(self) -> None:
+        self.expect = None
+
+    def drop(self, reason: str, *, same_tid: bool) -> str:
+        """Count a dropped frame; ``same_tid``: it carried the outstanding request's tid."""
+        self._stats.dropped_frames[reason] = self._stats.dropped_frames.get(reason, 0) + 1
+        if same_tid:
+            self._stats.rejected_frames += 1
+            self.bad_reply = True
+        else:
+            self._stats.stale_frames += 1
+        return reason
+
+    def check(self, tid: int, expected_tid: int, unit: int, pdu: bytes) -> str | None:
+        """None when the frame answers the outstanding request, else the drop reason."""
+        e = self.expect
+        if e is None:
+            return self.drop("unsolicited", same_tid=False)
+        if tid != expected_tid:
+            return self.drop("tid_mismatch", same_tid=False)
+        if unit != e.unit:
+            return self.drop("unit_mismatch", same_tid=True)
+        fc = pdu[0]
+        if fc == e.function_code | 0x80:
+            return None if len(pdu) == 2 else self.drop("bad_length", same_tid=True)
+        if fc != e.function_code:
+            return self.drop("function_mismatch", same_tid=True)
+        if fc in _READ_CALLS:
+            nbytes = 2 * e.count if fc in (3, 4) else (e.count + 7) // 8
+            if len(pdu) != 2 + nbytes or pdu[1] != nbytes:
+                return self.drop("byte_count_mismatch", same_tid=True)
+        elif e.echo is not None and pdu[1:] != e.echo:
+            return self.drop("echo_mismatch", same_tid=True)
+        return None
+
+    def out_of_step(self) -> None:
+        self.desync = True
+        self._stats.dropped_frames["desync"] = self._stats.dropped_frames.get("desync", 0) + 1
+
+
+class _StrictSocketFramer(FramerSocket):
+    """Modbus TCP framer that accepts only the reply to the outstanding request (BR-03).
+
+    Replaces pymodbus' ``FramerBase.handleFrame`` for the client: walks every complete frame
+    in the buffer, drops (and counts) frames the `_ReplyGuard` rejects, returns the first that
+    matches. Never raises (pymodbus would raise out of ``data_received``).
+    """
+
+    def __init__(self, guard: _ReplyGuard) -> None:
+        super().__init__(DecodePDU(False))
+        self._guard = guard
+
+    def handleFrame(  # pymodbus names it so
+        self, data: bytes, exp_devid: int, exp_tid: int
+    ) -> tuple[int, ModbusPDU | None]:
+        used = 0
+        size_all = len(data)
+        while size_all - used >= 8:
+            tid, pid, length = struct.unpack_from(">HHH", data, used)
+            if pid != 0 or not 2 <= length <= 254:
+                self._guard.out_of_step()
+                return size_all, None
+            size = 6 + length
+            if size_all - used < size:
+                break
+            unit = data[used + 6]
+            pdu_bytes = bytes(data[used + 7 : used + size])
+            used += size
+            if self._guard.check(tid, exp_tid, unit, pdu_bytes) is not None:
+                continue
+            pdu = self.decoder.decode(pdu_bytes)
+            if pdu is None:
+                self._guard.drop("undecodable", same_tid=True)
+                continue
+            pdu.dev_id = unit
+            pdu.transaction_id = tid
+            return used, pdu
+        return used, None
+
+
+# --- backoff and stats -----------------------------------------------------------------------
+
+
+class _Backoff:
+    """Capped exponential backoff with jitter in [d/2, d] (d never above the cap)."""
+
+    def __init__(self, min_s: float, max_s: float, rng: random.Random) -> None:
+        self.min_s = max(min_s, MIN_RECONNECT_DELAY_S)
+        self.max_s = max(max_s, self.min_s)
+        self._rng = rng
+        self.attempt = 0
+
+    @property
+    def clean(self) -> bool:
+        """True when no failure happened since the last success."""
+        return self.attempt == 0
+
+    def next(self) -> float:
+        d = min(self.max_s, self.min_s * 2 ** min(self.attempt, 60))
+        self.attempt += 1
+        return d * (0.5 + 0.5 * self._rng.random())
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+@dataclass
+class ModbusStats:
+    """Health counters of one device (for health metrics; read, never written, by others).
+
+    Attributes:
+        polls: poll ticks handled (while disconnected too).
+        ok: polls in which every planned request got a valid reply (exception answers
+            included) and the unit was reachable.
+        requests: requests sent.
+        errors: failed requests by reason (``timeout``, ``not_connected``,
+            ``illegal_data_address``, ``server_busy``, ``reply_mismatch`` ...).
+        connect_attempts, reconnects: TCP connects tried; successful ones after the first.
+        stale_points, invalid_points: points whose latest sample is STALE; BAD or
+            OUT_OF_RANGE.
+        last_ok_mono: monotonic time of the last valid reply (``None``: never).
+        connected: a TCP connection is open.
+        available: False while a gateway answers 10/11 for the unit (BR-04).
+        stale_frames: reply frames dropped for another tid, or with no request outstanding.
+        rejected_frames: frames with the right tid but wrong unit, function, byte count or echo.
+        dropped_frames: every dropped frame by reason.
+        overruns: poll ticks skipped because a poll took longer than the interval.
+        read_limit: current registers per request (shrinks on exception 3, BR-05).
+        writes, write_errors: writes done; writes failed.
+    """
+
+    polls: int = 0
+    ok: int = 0
+    requests: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    connect_attempts: int = 0
+    reconnects: int = 0
+    stale_points: int = 0
+    invalid_points: int = 0
+    last_ok_mono: float | None = None
+    connected: bool = False
+    available: bool = True
+    stale_frames: int = 0
+    rejected_frames: int = 0
+    dropped_frames: dict[str, int] = field(default_factory=dict)
+    overruns: int = 0
+    read_limit: int = 125
+    writes: int = 0
+    write_errors: int = 0
+
+    def count_error(self, reason: str) -> None:
+        self.errors[reason] = self.errors.get(reason, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready copy."""
+        return asdict(self)
+
+
+@dataclass(eq=False)
+class _Command:
+    kind: Literal["write", "read"]
+    future: asyncio.Future[Any]
+    encoded: EncodedWrite | None = None
+
+
+class _Failure(Exception):
+    """A poll-ending failure inside one poll (transport or gateway)."""
+
+    def __init__(self, error: ModbusError, reason: str, drop_connection: bool) -> None:
+        super().__init__(reason)
+        self.error = error
+        self.reason = reason
+        self.drop_connection = drop_connection
+
+
+# --- the device ------------------------------------------------------------------------------
+
+
+class ModbusDevice:
+    """One Modbus TCP device: one connection, one owner task (`run`).
+
+    Args:
+        settings: the target (host, port, unit, framer, timing, limits).
+        regmap: the register map; default: ``load_register_map(settings.register_map)``.
+        clock: monotonic time for scheduling, wall time for sample timestamps.
+        on_samples: called from the owner task with one `Sample` per configured point per
+            poll, in map order (not called when ``settings.poll_enabled`` is False). It must
+            not block; an exception from it is logged and counted, never fatal.
+        log: a structlog-style logger (default ``get_logger(__name__)``), bound to the device.
+        rng: random source of the reconnect jitter (tests pass a seeded one).
+
+    Raises:
+        ConfigError: the register map cannot be loaded.
+    """
+
+    def __init__(
+        self,
+        settings: ModbusTargetSettings,
+        regmap: RegisterMap | None = None,
+        *,
+        clock: Clock,
+        on_samples: Callable[[list[Sample]], None],
+        log: Any = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._settings = settings
+        self.regmap = regmap if regmap is not None else load_register_map(settings.register_map)
+        self._clock = clock
+        self._on_samples = on_samples
+        self._log = (log if log is not None else get_logger(__name__)).bind(
+            device=settings.name, host=settings.host, port=settings.port, unit=settings.unit_id
+        )
+        self.stats = ModbusStats(read_limit=settings.max_registers_per_read)
+        self._guard = _ReplyGuard(self.stats)
+        self._backoff = _Backoff(
+            settings.reconnect_min_s, settings.reconnect_max_s, rng or random.Random()
+        )
+        self._client: AsyncModbusTcpClient | None = None
+        self._ever_connected = False
+        self._down_reason = "not_connected"
+        self._next_connect = -math.inf
+        self._memory = ReadMemory()
+        self._blocks = self._plan()
+        self._commands: deque[_Command] = deque()
+        self._wake = asyncio.Event()
+        self._io_lock = asyncio.Lock()
+        self._running = False
+        self._point_problem: dict[str, str] = {}
+        self._warned_order: set[str] = set()
+        self._callback_failing = False
+        self._online: bool | None = None  # None: nothing known yet
+        self._write_problem: dict[str, str] = {}  # point -> reason of its failing writes
+        self._write_failures: dict[str, int] = {}  # point -> failed writes since its last ok
+        self._broadcast_noted: set[str] = set()
+        self._internal_error: str | None = None  # the owner's current bug, logged once
+        self._command_errors: set[str] = set()
+        self._ok_since_connect = False
+
+    # -- public API ----------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The device name from the settings."""
+        return self._settings.name
+
+    @property
+    def settings(self) -> ModbusTargetSettings:
+        """The target settings."""
+        return self._settings
+
+    @property
+    def read_memory(self) -> ReadMemory:
+        """What the device taught the read planner so far (splits, reduced size)."""
+        return self._memory
+
+    @property
+    def read_plan(self) -> list[ReadBlock]:
+        """The current read requests of one poll."""
+        return list(self._blocks)
+
+    @property
+    def running(self) -> bool:
+        """True while `run` is active."""
+        return self._running
+
+    async def run(self) -> None:
+        """The owner task: connect, poll, serve queued writes; until cancelled.
+
+        Never raises except `asyncio.CancelledError` (and RuntimeError when already running).
+        On exit the connection is closed and queued commands fail with
+        `ModbusConnectionError`.
+        """
+        if self._running:
+            raise RuntimeError(f"modbus device {self.name}: run() is already active")
+        self._running = True  # from here on, writes and reads queue for the owner
+        try:
+            async with self._io_lock:  # waits for a standalone read_once() to finish
+                await self._owner_loop()
+        finally:
+            self._running = False
+            self._close_client()
+            self.stats.connected = False
+            self._fail_commands(ModbusConnectionError(f"{self.name}: device stopped"))
+
+    async def write(self, point: str, value: float) -> None:
+        """Write ``value`` (engineering units) to ``point``, through the owner task.
+
+        The value is validated and encoded first (`rackplane.registers.encode_write`: rounded
+        to the register resolution, never wrapped). An RTU broadcast (unit 0) returns as
+        soon as it is sent ("no response expected", BR-06).
+
+        Raises:
+            WriteRejected: unknown point, not writable, outside the write limits, not
+                representable.
+            ModbusConnectionError: the owner task is not running or the device is not
+                connected (no waiting for a reconnect).
+            ModbusTimeout: no valid reply within ``timeout_s`` (the connection is replaced).
+            ModbusExceptionResponse: the device refused it (``.code``).
+            ModbusDecodeError: the reply does not echo the write.
+        """
+        try:
+            spec = self.regmap.point(point)
+        except KeyError:
+            raise WriteRejected(f"{self.name} has no point {point!r}") from None
+        encoded = encode_write(spec, value)
+        if not self._running:
+            raise ModbusConnectionError(f"{self.name}: owner task not running; write refused")
+        await self._submit(_Command("write", self._new_future(), encoded))
+
+    async def read_once(self) -> list[Sample]:
+        """Read every point once and return one sample per point (a dry connect).
+
+        With `run` active the read is queued to the owner task (a disconnected device gives
+        STALE samples); otherwise this call connects, reads and disconnects itself.
+
+        Raises:
+            ModbusConnectionError: (not running) the device cannot be connected.
+            ModbusError: reads are impossible (RTU broadcast unit 0).
+        """
+        if self._broadcast:
+            raise ModbusError(f"{self.name}: unit 0 on an RTU line is broadcast: no reads")
+        if self._running:
+            result: list[Sample] = await self._submit(_Command("read", self._new_future()))
+            return result
+        async with self._io_lock:
+            try:
+                if not await self._connect():
+                    raise ModbusConnectionError(
+                        f"{self.name}: cannot connect to {self._settings.host}:"
+                        f"{self._settings.port} ({self._down_reason})"
+                    )
+                return await self._poll(count=False)
+            finally:
+                self._close_client()
+                self.stats.connected = False
+
+    # -- owner loop ----------------------------------------------------------------------------
+
+    @property
+    def _broadcast(self) -> bool:
+        return self._settings.framer == "rtu" and self._settings.unit_id == 0
+
+    async def _owner_loop(self) -> None:
+        interval = max(self._settings.poll_interval_s, MIN_POLL_INTERVAL_S)
+        polling = self._settings.poll_enabled and not self._broadcast
+        t0 = self._clock.monotonic()
+        next_poll = t0
+        self._next_connect = t0
+        while True:
+            try:
+                _raise_if_cancelling()
+                if self._client is not None and not self._client.connected:
+                    # closed while idle (device reboot, gateway idle timeout): reconnect at
+                    # once if this connection had worked, else back off
+                    self._drop("connection_lost", immediate=self._ok_since_connect)
+                if self._client is None and self._clock.monotonic() >= self._next_connect:
+                    await self._connect()
+                await self._run_commands()
+                now = self._clock.monotonic()
+                if polling and now >= next_poll:
+                    if self._client is not None:
+                        samples = await self._poll(count=True)
+                    else:
+                        self.stats.polls += 1
+                        samples = self._all_stale(self._down_reason)
+                    self._emit(samples)
+                    k = math.floor((self._clock.monotonic() - t0) / interval) + 1
+                    following = t0 + k * interval
+                    self.stats.overruns += max(0, round((following - next_poll) / interval) - 1)
+                    next_poll = following
+                deadline = next_poll if polling else math.inf
+                if self._client is None:
+                    deadline = min(deadline, self._next_connect)
+                if self._internal_error is not None:
+                    self._internal_error = None
+                    self._log.info("modbus_owner_recovered")
+                await self._wait(deadline)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # a bug must not stop acquisition: log, reset, go on
+                self.stats.count_error("internal_error")
+                key = _bug_key(err)
+                if key != self._internal_error:  # once per change, not once per cycle
+                    self._internal_error = key
+                    self._log.exception("modbus_owner_error")
+                self._drop("modbus_error", immediate=False)
+                await asyncio.sleep(MIN_RECONNECT_DELAY_S)
+
+    async def _wait(self, deadline: float) -> None:
+        if self._commands:
+            return
+        timeout = deadline - self._clock.monotonic()
+        if timeout <= 0:
+            await asyncio.sleep(0)
+            return
+        self._wake.clear()
+        try:
+            async with asyncio.timeout(min(timeout, 3600.0)):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+
+    def _new_future(self) -> asyncio.Future[Any]:
+        return asyncio.get_running_loop().create_future()
+
+    async def _submit(self, cmd: _Command) -> Any:
+        self._commands.append(cmd)
+        self._wake.set()
+        return await cmd.future
+
+    def _fail_commands(self, err: ModbusError) -> None:
+        while self._commands:
+            cmd = self._commands.popleft()
+            if not cmd.future.done():
+                cmd.future.set_exception(err)
+
+    async def _run_commands(self) -> None:
+        for _ in range(len(self._commands)):  # those queued now: a flood cannot starve polls
+            _raise_if_cancelling()
+            cmd = self._commands.popleft()
+            if cmd.future.done():  # the caller gave up: do not act for it
+                continue
+            try:
+                if cmd.kind == "read":
+                    if self._client is None:
+                        result: Any = self._all_stale(self._down_reason)
+                    else:
+                        result = await self._poll(count=False)
+                else:
+                    assert cmd.encoded is not None
+                    await self._write(cmd.encoded)
+                    result = None
+            except ModbusError as err:
+                if not cmd.future.done():
+                    cmd.future.set_exception(err)
+            except Exception as err:  # a bug: the caller gets a typed error, the task lives
+                self.stats.count_error("internal_error")
+                key = f"{cmd.kind}: {_bug_key(err)}"
+                if key not in self._command_errors:  # once per kind of bug
+                    self._command_errors.add(key)
+                    self._log.exception("modbus_command_error", kind=cmd.kind)
+                if not cmd.future.done():
+                    cmd.future.set_exception(ModbusError(f"{self.name}: internal error: {err}"))
+            else:
+                if not cmd.future.done():
+                    cmd.future.set_result(result)
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def _new_client(self) -> AsyncModbusTcpClient:
+        s = self._settings
+        client = AsyncModbusTcpClient(
+            s.host,
+            port=s.port,
+            framer=FramerType.RTU if s.framer == "rtu" else FramerType.SOCKET,
+            name=f"modbus:{s.name}",
+            timeout=s.timeout_s,
+            retries=0,
+            reconnect_delay=0,  # no reconnect task inside pymodbus: this module owns it
+            reconnect_delay_max=0,
+        )
+        ctx = getattr(client, "ctx", None)
+        if ctx is None or not hasattr(ctx, "framer") or not hasattr(ctx, "max_buffer_size"):
+            raise RuntimeError(
+                "pymodbus client layout changed (ctx.framer / ctx.max_buffer_size missing): "
+                "the BR-03 reply guard cannot be installed; pin pymodbus 3.16.x"
+            )
+        if s.framer == "socket":
+            ctx.framer = _StrictSocketFramer(self._guard)
+        ctx.max_buffer_size = RECEIVE_BUFFER_BYTES
+        return client
+
+    async def _connect(self) -> bool:
+        """One connect attempt; on failure the next one is scheduled with backoff."""
+        self.stats.connect_attempts += 1
+        client = self._new_client()
+        ok = False
+        try:
+            async with asyncio.timeout(self._settings.timeout_s + OUTER_TIMEOUT_MARGIN_S):
+                ok = bool(await client.connect())
+        except (TimeoutError, OSError, ModbusException) as err:
+            self._log.debug("modbus_connect_error", error=str(err))
+        if not ok:
+            client.close()
+            self._down_reason = "not_connected"
+            delay = self._backoff.next()
+            self._next_connect = self._clock.monotonic() + delay
+            self.stats.count_error("not_connected")
+            self._log.debug("modbus_connect_failed", retry_in_s=round(delay, 3))
+            self._set_online(False, "not_connected", retry_in_s=round(delay, 3))
+            return False
+        self._client = client
+        self._ok_since_connect = False
+        self.stats.connected = True
+        if self._ever_connected:
+            self.stats.reconnects += 1
+        self._ever_connected = True
+        self._log.debug("modbus_connected", attempt=self.stats.connect_attempts)
+        return True
+
+    def _transaction_ok(self) -> None:
+        """A valid reply arrived: the link works (resets the backoff)."""
+        self._ok_since_connect = True
+        self._backoff.reset()
+        self._set_online(True, None)
+
+    def _set_online(self, online: bool, reason: str | None, **extra: Any) -> None:
+        """Log the device going offline / online once per change (not per attempt)."""
+        if online == self._online:
+            return
+        self._online = online
+        if online:
+            self._log.info("modbus_online", connect_attempts=self.stats.connect_attempts)
+        else:
+            self._log.warning("modbus_offline", reason=reason, **extra)
+
+    def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # closing must never fail the owner
+                self._log.debug("modbus_close_error", exc_info=True)
+
+    def _drop(self, reason: str, *, immediate: bool) -> None:
+        """Close the connection (a new client is made for the next one) and schedule the
+        next connect: at once (``immediate``) or after the next backoff delay.
+
+        Without a connection this never postpones a connect already scheduled: a request
+        refused while disconnected must not touch the schedule or the backoff (field bug,
+        BR-07: a write refused every second re-armed a 1-2 s backoff each time, so the device
+        never reconnected). Only when no attempt is pending (an internal error in the connect
+        path) is one scheduled, backed off.
+        """
+        now = self._clock.monotonic()
+        if self._client is None:
+            if self._next_connect <= now:
+                self._next_connect = now + self._backoff.next()
+            return
+        self._close_client()
+        self.stats.connected = False
+        self._down_reason = reason
+        self._next_connect = now if immediate else now + self._backoff.next()
+        retry = round(self._next_connect - now, 3)
+        self._log.debug("modbus_disconnected", reason=reason, retry_in_s=retry)
+        if not immediate:
+            self._set_online(False, reason, retry_in_s=retry)
+
+    def _drop_after(self, err: ModbusError) -> None:
+        """Drop the connection after a request failed with a transport error ``err``.
+
+        Nothing happens while disconnected (the request was refused, see `_drop`). A
+        connection found closed (device reboot, peer killed) is reopened at once if it had
+        worked, like an idle close; any other failure (timeout, desync, mismatch) backs off.
+        """
+        client = self._client
+        if client is None:
+            return
+        if isinstance(err, ModbusConnectionError) and not client.connected:
+            self._drop("connection_lost", immediate=self._ok_since_connect)
+        else:
+            self._drop(err.reason, immediate=False)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def _transact(
+        self, expect: _Expect, call: Callable[[AsyncModbusTcpClient], Awaitable[Any]]
+    ) -> Any:
+        """Send one request through the current client; typed errors only."""
+        client = self._client
+        if client is None:
+            why = "" if self._down_reason == "not_connected" else f" ({self._down_reason})"
+            raise ModbusConnectionError(f"{self.name}: not connected{why}")
+        if not client.connected:
+            raise ModbusConnectionError(f"{self.name}: connection closed by the peer")
+        self._guard.begin(expect)
+        self.stats.requests += 1
+        try:
+            async with asyncio.timeout(self._settings.timeout_s + OUTER_TIMEOUT_MARGIN_S):
+                reply = await call(client)
+        except ConnectionException as err:
+            raise ModbusConnectionError(f"{self.name}: {err}") from None
+        except ModbusIOException as err:
+            if self._guard.desync:
+                e: ModbusError = ModbusDecodeError(f"{self.name}: byte stream out of step")
+                e.reason = "desync"
+                raise e from None
+            if self._guard.bad_reply:
+                e = ModbusDecodeError(
+                    f"{self.name}: reply did not match the request (unit, function, length)"
+                )
+                e.reason = "reply_mismatch"
+                raise e from None
+            raise ModbusTimeout(f"{self.name}: no reply within {self._settings.timeout_s} s "
+                                f"({err})") from None
+        except TimeoutError:
+            raise ModbusTimeout(f"{self.name}: request abandoned after "
+                                f"{self._settings.timeout_s + OUTER_TIMEOUT_MARGIN_S} s") from None
+        except (ValueError, TypeError) as err:
+            raise ModbusError(f"{self.name}: request refused by pymodbus: {err}") from None
+        except ModbusException as err:
+            raise ModbusError(f"{self.name}: {err}") from None
+        except OSError as err:
+            raise ModbusConnectionError(f"{self.name}: {err}") from None
+        finally:
+            self._guard.end()
+        return self._check_reply(expect, reply)
+
+    def _check_reply(self, expect: _Expect, reply: Any) -> Any:
+        if reply is None:
+            if expect.no_response:
+                return None
+            raise ModbusDecodeError(f"{self.name}: empty reply")
+        if not isinstance(reply, ModbusPDU):
+            raise ModbusDecodeError(f"{self.name}: unexpected reply {type(reply).__name__}")
+        mismatch = None
+        if reply.dev_id != expect.unit:
+            mismatch = f"unit {reply.dev_id} != {expect.unit}"
+        elif reply.isError():
+            if reply.function_code != expect.function_code | 0x80:
+                mismatch = f"exception for function {reply.function_code & 0x7F}"
+            else:
+                raise ModbusExceptionResponse(int(reply.exception_code))
+        elif reply.function_code != expect.function_code:
+            mismatch = f"function {reply.function_code} != {expect.function_code}"
+        elif expect.function_code in (3, 4) and len(reply.registers) != expect.count:
+            mismatch = f"{len(reply.registers)} registers for {expect.count}"
+        elif expect.function_code in (1, 2) and len(reply.bits) < expect.count:
+            mismatch = f"{len(reply.bits)} bits for {expect.count}"
+        if mismatch is not None:
+            self.stats.rejected_frames += 1
+            e = ModbusDecodeError(f"{self.name}: reply does not match the request: {mismatch}")
+            e.reason = "reply_mismatch"
+            raise e
+        return reply
+
+    async def _read_block(self, block: ReadBlock) -> list[int]:
+        fc = block.function_code
+        unit = self._settings.unit_id
+        method = _READ_CALLS[fc]
+
+        def call(c: AsyncModbusTcpClient) -> Awaitable[Any]:
+            fn: Callable[..., Awaitable[Any]] = getattr(c, method)
+            return fn(block.start, count=block.count, device_id=unit)
+
+        reply = await self._transact(_Expect(unit, fc, block.count), call)
+        if fc in (1, 2):
+            return [1 if b else 0 for b in reply.bits[: block.count]]
+        return [int(r) for r in reply.registers]
+
+    async def _write(self, enc: EncodedWrite) -> None:
+        p = enc.point
+        unit = self._settings.unit_id
+        broadcast = self._broadcast
+        regs = list(enc.registers)
+        if p.table == "coil":
+            on = bool(regs[0])
+            expect = _Expect(unit, 5, echo=struct.pack(">HH", p.address, 0xFF00 if on else 0),
+                             no_response=broadcast)
+
+            def call(c: AsyncModbusTcpClient) -> Awaitable[Any]:
+                return c.write_coil(p.address, on, device_id=unit,
+                                    no_response_expected=broadcast)
+        elif len(regs) == 1:
+            expect = _Expect(unit, 6, echo=struct.pack(">HH", p.address, regs[0]),
+                             no_response=broadcast)
+
+            def call(c: AsyncModbusTcpClient) -> Awaitable[Any]:
+                return c.write_register(p.address, regs[0], device_id=unit,
+                                        no_response_expected=broadcast)
+        else:
+            expect = _Expect(unit, 16, echo=struct.pack(">HH", p.address, len(regs)),
+                             no_response=broadcast)
+
+            def call(c: AsyncModbusTcpClient) -> Awaitable[Any]:
+                return c.write_registers(p.address, regs, device_id=unit,
+                                         no_response_expected=broadcast)
+
+        try:
+            reply = await self._transact(expect, call)
+            if not broadcast:
+                self._check_echo(expect, p, regs, reply)
+        except ModbusError as err:
+            self.stats.write_errors += 1
+            self.stats.count_error(err.reason)
+            self._note_write_failed(p, enc.value, err)
+            if isinstance(err, ModbusTimeout | ModbusDecodeError | ModbusConnectionError):
+                self._drop_after(err)
+            raise
+        self.stats.writes += 1
+        self._transaction_ok()
+        self._note_write_ok(p, enc.value)
+        if broadcast and p.name not in self._broadcast_noted:
+            self._broadcast_noted.add(p.name)  # a property of the point: said once
+            self._log.info("modbus_write_no_response_expected", point=p.name, value=enc.value,
+                           note="RTU broadcast (unit 0): no response expected")
+        elif broadcast:
+            self._log.debug("modbus_write_no_response_expected", point=p.name, value=enc.value)
+        else:
+            self._log.debug("modbus_write", point=p.name, value=enc.value)
+
+    def _note_write_failed(self, p: PointSpec, value: float, err: ModbusError) -> None:
+        """Log a point's write failure once per change of reason (counted always)."""
+        failures = self._write_failures.get(p.name, 0) + 1
+        self._write_failures[p.name] = failures
+        if self._write_problem.get(p.name) != err.reason:
+            self._write_problem[p.name] = err.reason
+            self._log.warning("modbus_write_failed", point=p.name, value=value,
+                              reason=err.reason, error=str(err), failed_writes=failures)
+
+    def _note_write_ok(self, p: PointSpec, value: float) -> None:
+        """After failures, log the first successful write to the point once."""
+        was = self._write_problem.pop(p.name, None)
+        failures = self._write_failures.pop(p.name, 0)
+        if was is not None:
+            self._log.info("modbus_write_recovered", point=p.name, value=value, was=was,
+                           failed_writes=failures)
+
+    def _check_echo(self, expect: _Expect, p: PointSpec, regs: list[int], reply: Any) -> None:
+        ok = reply.address == p.address
+        if expect.function_code == 6:
+            ok = ok and list(reply.registers[:1]) == regs[:1]
+        elif expect.function_code == 16:
+            ok = ok and reply.count == len(regs)
+        elif expect.function_code == 5:
+            ok = ok and bool(reply.bits[0]) == bool(regs[0])
+        if not ok:
+            e = ModbusDecodeError(f"{self.name}: write reply does not echo the request")
+            e.reason = "reply_mismatch"
+            raise e
+
+    # -- polling -------------------------------------------------------------------------------
+
+    def _plan(self) -> list[ReadBlock]:
+        s = self._settings
+        blocks = plan_reads(self.regmap.points, s.max_registers_per_read,
+                            s.max_gap_registers, self._memory)
+        self.stats.read_limit = min(
+            s.max_registers_per_read, self._memory.max_registers or s.max_registers_per_read
+        )
+        return blocks
+
+    def _learn(self, memory: ReadMemory, block: ReadBlock, code: int) -> None:
+        self._memory = memory
+        self._blocks = self._plan()
+        self._log.info(
+            "modbus_read_plan_changed", cause=ModbusExceptionResponse.NAMES.get(code, code),
+            table=block.table, start=block.start, count=block.count,
+            requests=len(self._blocks), read_limit=self.stats.read_limit,
+            avoided_addresses=sorted(a for t, a in memory.bad if t == block.table),
+        )
+
+    async def _poll(self, *, count: bool) -> list[Sample]:
+        """Read every block once; one sample per point (map order)."""
+        if count:
+            self.stats.polls += 1
+        out: dict[str, Sample] = {}
+        queue: deque[ReadBlock] = deque(self._blocks)
+        retries = 0
+        clean = True
+        failure: _Failure | None = None
+        while queue:
+            _raise_if_cancelling()
+            block = queue.popleft()
+            try:
+                data = await self._read_block(block)
+            except ModbusExceptionResponse as exc:
+                self.stats.count_error(exc.reason)
+                self._transaction_ok()  # a valid answer: the link works
+                if exc.code not in _GATEWAY_CODES:
+                    self._mark_reachable()  # the unit itself answered
+                if exc.code in (2, 3):
+                    learned = learn_from_exception(
+                        block, exc.code, self._memory, self._settings.max_registers_per_read
+                    )
+                    if learned.retry and retries < MAX_PLAN_RETRIES_PER_POLL:
+                        retries += 1
+                        self._learn(learned.memory, block, exc.code)
+                        sub = plan_reads(block.points, self._settings.max_registers_per_read,
+                                         self._settings.max_gap_registers, self._memory)
+                        queue.extendleft(reversed(sub))
+                        continue
+                    self._mark(out, block.points, Quality.BAD, exc.reason)
+                elif exc.code == 6:
+                    clean = False
+                    self._mark(out, block.points, Quality.STALE, exc.reason)
+                elif exc.code in _GATEWAY_CODES:
+                    failure = _Failure(exc, exc.reason, drop_connection=False)
+                    break
+                else:
+                    self._mark(out, block.points, Quality.BAD, exc.reason)
+            except ModbusError as err:
+                self.stats.count_error(err.reason)
+                failure = _Failure(err, err.reason, drop_connection=True)
+                break
+            else:
+                t_mono = self._clock.monotonic()
+                decoded = samples_from_block(block, data, self._clock.wall_ns(), t_mono)
+                for smp in decoded.samples:
+                    out[smp.point] = smp
+                for name in decoded.suspect_order:
+                    if name not in self._warned_order:
+                        self._warned_order.add(name)
+                        p = self.regmap.point(name)
+                        self._log.warning(
+                            "modbus_probable_word_order_error", point=name, type=p.type,
+                            order=p.order, value=out[name].value,
+                            hint="a finite float below 1e-30: check the point's byte/word "
+                            "order (FIELD-CASES BR-01)",
+                        )
+                self.stats.last_ok_mono = t_mono
+                self._transaction_ok()
+                self._mark_reachable()
+        if failure is not None:
+            if failure.reason in ("gateway_path_unavailable", "gateway_target_no_response"):
+                self._mark_unreachable(failure.reason)
+            if failure.drop_connection:
+                self._drop_after(failure.error)
+        elif clean and count:
+            self.stats.ok += 1
+        reason = failure.reason if failure is not None else "stale"
+        rest = [p for p in self.regmap.points if p.name not in out]
+        self._mark(out, rest, Quality.STALE, reason)
+        return [out[p.name] for p in self.regmap.points]
+
+    def _mark(
+        self, out: dict[str, Sample], points: Any, quality: Quality, reason: str
+    ) -> None:
+        ts_ns = self._clock.wall_ns()
+        t_mono = self._clock.monotonic()
+        for p in points:
+            out[p.name] = invalid(p.name, p.unit, ts_ns, t_mono, quality, reason)
+
+    def _all_stale(self, reason: str) -> list[Sample]:
+        out: dict[str, Sample] = {}
+        self._mark(out, self.regmap.points, Quality.STALE, reason)
+        return [out[p.name] for p in self.regmap.points]
+
+    def _mark_reachable(self) -> None:
+        if not self.stats.available:
+            self.stats.available = True
+            self._log.info("modbus_unit_available")
+
+    def _mark_unreachable(self, reason: str) -> None:
+        if self.stats.available:
+            self.stats.available = False
+            self._log.warning("modbus_unit_unavailable", reason=reason)
+
+    def _emit(self, samples: list[Sample]) -> None:
+        stale = bad = 0
+        for s in samples:
+            if s.quality is Quality.STALE:
+                stale += 1
+            elif s.quality is not Quality.GOOD:
+                bad += 1
+            self._note_point(s)
+        self.stats.stale_points = stale
+        self.stats.invalid_points = bad
+        try:
+            self._on_samples(samples)
+        except Exception:
+            self.stats.count_error("on_samples_error")
+            if not self._callback_failing:
+                self._callback_failing = True
+                self._log.exception("modbus_on_samples_failed")
+        else:
+            if self._callback_failing:
+                self._callback_failing = False
+                self._log.info("modbus_on_samples_recovered")
+
+    def _note_point(self, s: Sample) -> None:
+        """Log a point's own problems once per change (device-wide reasons are logged once
+        per device instead)."""
+        if s.quality is Quality.STALE or s.reason in _DEVICE_REASONS:
+            return  # device-wide, or retried next poll (server_busy): not a point problem
+        previous = self._point_problem.get(s.point)
+        if s.quality is Quality.GOOD:
+            if previous is not None:
+                del self._point_problem[s.point]
+                self._log.info("modbus_point_recovered", point=s.point, was=previous)
+            return
+        reason = s.reason or s.quality.value
+        if previous != reason:
+            self._point_problem[s.point] = reason
+            self._log.warning(
+                "modbus_point_invalid", point=s.point, quality=s.quality.value, reason=reason,
+                value=s.value,
+            )
+
+
+__all__ = ["ModbusDevice", "ModbusStats"]

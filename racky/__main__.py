@@ -1,0 +1,3 @@
+from racky.cli import main
+
+main()

@@ -1,0 +1,111 @@
+"""valvey and its broker: a restart without persistence, commands before and after (BR-22 b)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rackplane.clock import SYSTEM_CLOCK
+from rackplane.mqtt import Message, MqttLink
+from rackplane.settings import Identity, MqttSettings
+from tests.integration.harness import sim_proc, valvey_proc, write_valvey_config
+from tests.servers import Mosquitto, free_port
+
+pytestmark = [pytest.mark.servers, pytest.mark.slow]
+
+
+class Operator:
+    """An operator tool on MQTT 3.1.1: sends commands as user `op1`, reads the replies."""
+
+    def __init__(self, port: int, rack: str):
+        ident = Identity(rack=rack)
+        self.link = MqttLink(
+            MqttSettings(port=port, protocol="3.1.1", clean_session=True,
+                         client_id=f"op-{uuid.uuid4().hex[:6]}", reconnect_max_s=1.0),
+            ident, "op", clock=SYSTEM_CLOCK,
+        )
+        self.base = f"rackplane/lab/{rack}/valvey"
+        self.replies: dict[str, dict[str, Any]] = {}
+        self.health: dict[str, Any] = {}
+        self.link.subscribe(f"{self.base}/cmd/op1/+/result", self._reply, qos=1)
+        self.link.subscribe(f"{self.base}/state/health", self._health, qos=0)
+
+    def _reply(self, m: Message) -> None:
+        body = m.json()
+        self.replies[str(body.get("request_id"))] = body
+
+    def _health(self, m: Message) -> None:
+        self.health = m.json()
+
+    async def command(
+        self, verb: str, args: dict[str, Any], timeout_s: float = 15
+    ) -> dict[str, Any]:
+        rid = uuid.uuid4().hex[:12]
+        payload = {"request_id": rid, "issued_at": datetime.now(UTC).isoformat(), "args": args}
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            with contextlib.suppress(Exception):
+                await self.link.publish(f"{self.base}/cmd/op1/{verb}", json.dumps(payload), qos=1)
+            for _ in range(10):
+                if rid in self.replies:
+                    return self.replies[rid]
+                await asyncio.sleep(0.1)
+        raise AssertionError(f"no reply to {verb} within {timeout_s} s")
+
+
+async def test_br22b_broker_restart_without_persistence_valvey_resubscribes(
+    tmp_path: Path, mosquitto_private: Mosquitto
+) -> None:
+    rack = f"it-{uuid.uuid4().hex[:8]}"
+    modbus_port = free_port()
+    sim = sim_proc(tmp_path, modbus_port, mosquitto_private.port, "load-step-short", rack)
+    cfg = write_valvey_config(
+        tmp_path / "valvey.toml",
+        identity={"rack": rack},
+        cdu={"port": modbus_port},
+        mqtt={"port": mosquitto_private.port, "reconnect_max_s": 2.0},
+        spool={"directory": str(tmp_path / "spool")},
+        commands={"users": {"op1": "operator"}},
+        log={"format": "json"},
+    )
+    valvey = valvey_proc(tmp_path, cfg)
+    op = Operator(mosquitto_private.port, rack)
+    task = asyncio.create_task(op.link.run())
+    try:
+        sim.start()
+        valvey.start()
+        await op.link.wait_ready(15)
+        r1 = await op.command("set_setpoint", {"setpoint_c": 44.0})
+        assert r1["ok"] is True, r1
+        assert r1["state"]["setpoint_c"] == 44.0
+
+        mosquitto_private.restart()  # persistence false: every session is gone
+        restarted = time.monotonic()
+        r2 = await op.command("set_setpoint", {"setpoint_c": 45.5}, timeout_s=20)
+        assert r2["ok"] is True and r2["state"]["setpoint_c"] == 45.5, r2
+        # valvey saw its session lost, subscribed again, and says so in its health state.
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10 and op.health.get("mqtt_reconnects", 0) < 1:  # noqa: ASYNC110
+            await asyncio.sleep(0.2)  # polls retained state published by another process
+        assert op.health["mqtt_reconnects"] >= 1
+        assert op.health["mqtt_subscribed"] == op.health["mqtt_configured"] != []
+        # Within one reconnect-backoff cap (2 s) of the broker's return, plus the command's
+        # own round trip and retry period.
+        assert time.monotonic() - restarted < 2 + 1 + 10
+        assert valvey.alive() and sim.alive()
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(op.link.stop(), 3)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        assert valvey.stop() == 0
+        sim.stop()

@@ -1,0 +1,3 @@
+from valvey.cli import main
+
+main()

@@ -1,0 +1,404 @@
+"""valvey the daemon: adapters around the pure core (DESIGN §1).
+
+Tasks in one TaskGroup: ``modbus:<cdu>`` (the CDU's owner task), ``mqtt`` (broker link),
+``tsdb`` (spool and writer), ``control`` (the 10 Hz tick). The tick never awaits the network:
+it reads the latest samples, calls `ValveyCore.step`, hands output writes to the device's
+owner task (one in flight per point, the newest value wins), and queues state, alarms and
+telemetry. READY goes out after the first tick; the watchdog is fed by the tick.
+
+Shutdown (SIGTERM): the tick stops, the outputs get their declared stop writes (bounded by
+``control.stop_budget_s``), ``stopping`` is published, the spool is fsynced and drained within
+``tsdb.stop_budget_s``; what is left goes after restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from rackplane.alarms import AlarmEvent
+from rackplane.clock import SYSTEM_CLOCK, Clock
+from rackplane.commands import CommandAudit, CommandRouter
+from rackplane.config import load_config
+from rackplane.errors import ConfigError, ModbusError, WriteRejected
+from rackplane.log import get_logger
+from rackplane.modbus import ModbusDevice
+from rackplane.mqtt import MqttLink
+from rackplane.registers import RegisterMap, load_register_map
+from rackplane.samples import Sample
+from rackplane.service import Notifier, TickStats, run_ticker, supervised
+from rackplane.settings import effective_spool
+from rackplane.tsdb import TelemetryWriter
+from valvey.commands import register_valvey_commands
+from valvey.config import ValveyConfig, check_points_against_map
+from valvey.core import CoreOutput, ValveyCore
+
+DAEMON = "valvey"
+
+# Time-series measurement of each CDU point (DESIGN §3: measurements name the equipment);
+# points not listed go to ``cdu``.
+MEASUREMENT_OF_POINT = {
+    "supply_temp_c": "coolant_loop",
+    "supply_temp_b_c": "coolant_loop",
+    "supply_temp_c_c": "coolant_loop",
+    "return_temp_c": "coolant_loop",
+    "flow_lpm": "coolant_loop",
+    "diff_pressure_kpa": "coolant_loop",
+    "loop_pressure_kpa": "coolant_loop",
+    "heat_removed_kw": "coolant_loop",
+    "facility_supply_temp_c": "coolant_loop",
+    "valve_position_pct": "valve",
+    "valve_command_pct": "valve",
+    "pump_speed_pct": "pump",
+    "pump_speed_command_pct": "pump",
+}
+_MODE_CODE = {"initialising": 0.0, "auto": 1.0, "manual": 2.0, "failsafe": 3.0, "shadow": 4.0}
+_SEVERITY_CODE = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}
+
+
+def load_valvey_config(path: str | os.PathLike[str] | None) -> tuple[ValveyConfig, RegisterMap]:
+    """Load and cross-check the config and its register map.
+
+    Raises:
+        ConfigError: any problem, with the key path named.
+    """
+    cfg = load_config(ValveyConfig, path)
+    regmap = load_register_map(cfg.cdu.register_map)
+    check_points_against_map(cfg, {p.name: p.writable for p in regmap.points})
+    return cfg, regmap
+
+
+@dataclass
+class OutputWriter:
+    """At most one write in flight per point; a newer value replaces a pending one.
+
+    The tick calls `submit` and never waits; failures are logged once per change of
+    outcome and counted.
+    """
+
+    device: ModbusDevice
+    timeout_s: float
+    log: Any
+    pending: dict[str, float] = field(default_factory=dict)
+    inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    ok: int = 0
+    errors: int = 0
+    last_written: dict[str, float] = field(default_factory=dict)
+
+    def submit(self, point: str, value: float) -> None:
+        self.pending[point] = value
+        if point not in self.inflight:
+            self._start(point)
+
+    def _start(self, point: str) -> None:
+        value = self.pending.pop(point)
+        task = asyncio.get_running_loop().create_task(
+            self._write(point, value), name=f"write:{point}"
+        )
+        self.inflight[point] = task
+
+    async def _write(self, point: str, value: float) -> None:
+        try:
+            await asyncio.wait_for(self.device.write(point, value), self.timeout_s)
+            self.ok += 1
+            self.last_written[point] = value
+            if self.failed.pop(point, None) is not None:
+                self.log.info("output_write_recovered", point=point, value=value)
+        except (ModbusError, WriteRejected, TimeoutError) as err:
+            self.errors += 1
+            reason = getattr(err, "reason", type(err).__name__)
+            if self.failed.get(point) != reason:
+                self.failed[point] = reason
+                self.log.warning("output_write_failed", point=point, value=value, error=str(err))
+        finally:
+            self.inflight.pop(point, None)
+            if point in self.pending:
+                self._start(point)
+
+    async def drain(self, budget_s: float) -> None:
+        """Wait (bounded) for writes in flight and pending."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_s
+        while self.inflight and loop.time() < deadline:
+            await asyncio.wait(list(self.inflight.values()), timeout=deadline - loop.time())
+
+
+class Valvey:
+    """The valvey daemon.
+
+    Args:
+        cfg: validated config; regmap: its CDU register map.
+        clock: injected clocks (tests use a real clock; lock-step runs use the core directly).
+        notifier: systemd notification (default from the environment).
+        config_path: the file to re-read on SIGHUP (None: embedded defaults, no reload).
+    """
+
+    def __init__(
+        self,
+        cfg: ValveyConfig,
+        regmap: RegisterMap,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        notifier: Notifier | None = None,
+        config_path: str | os.PathLike[str] | None = None,
+    ):
+        self.cfg = cfg
+        self.regmap = regmap
+        self.clock = clock
+        self.config_path = config_path
+        self.notifier = notifier or Notifier(clock)
+        self.log = get_logger(DAEMON)
+        ident = cfg.identity
+        self.tags_base = {"site": ident.site, "row": ident.row, "rack": ident.rack}
+        self.latest: dict[str, Sample] = {}
+        self.tick_stats = TickStats()
+        self.core = ValveyCore(cfg.supply_loop, cfg.points, cfg.control, clock.monotonic())
+        self.device = ModbusDevice(cfg.cdu, regmap, clock=clock, on_samples=self._on_samples)
+        self.mqtt = MqttLink(cfg.mqtt, ident, DAEMON, clock=clock)
+        self.writer = TelemetryWriter(
+            cfg.tsdb, effective_spool(cfg.spool), identity_tags=self.tags_base, clock=clock
+        )
+        self.outputs = OutputWriter(self.device, cfg.control.write_timeout_s, self.log)
+        # Commands (DESIGN §1, §3): cmd/<user>/<verb> -> validate -> core -> reply; each one
+        # audited to the time series. Subscribed before run(), so commands a persistent
+        # session delivers right after CONNACK find their handler (BR-22 a).
+        self.commands = CommandRouter(
+            self.mqtt, cfg.commands, clock=clock, audit=self._audit_command
+        )
+        register_valvey_commands(self.commands, self.core, on_alarm_events=self._alarms)
+        self.commands.attach()
+        self._next_state = 0.0
+        self._next_telemetry = 0.0
+        self._started_mono = clock.monotonic()
+        self.first_step_done = asyncio.Event()
+
+    # -- acquisition -----------------------------------------------------------------------
+
+    def _on_samples(self, samples: list[Sample]) -> None:
+        for s in samples:
+            self.latest[s.point] = s
+
+    # -- the tick ----------------------------------------------------------------------------
+
+    def _tick(self, now: float) -> None:
+        out = self.core.step(now, self.latest)
+        for point, value in out.writes:
+            self.outputs.submit(point, value)
+        for tr in out.loop.transitions:
+            self.log.info("supply_loop_transition", change=tr, pv_status=out.loop.pv_status)
+        self._alarms(out.alarm_events)
+        if out.loop.pid_updated:
+            self._pid_telemetry(out)
+        if now >= self._next_telemetry:
+            self._next_telemetry = now + self.cfg.control.telemetry_interval_s
+            self._cdu_telemetry()
+        if now >= self._next_state:
+            self._next_state = now + self.cfg.control.state_interval_s
+            self._publish_state()
+        self.notifier.tick()
+        if not self.first_step_done.is_set():
+            self.first_step_done.set()
+            self.notifier.ready(f"control running, loop {out.loop.mode}")
+            self.log.info(
+                "ready", mode=out.loop.mode, cdu=f"{self.cfg.cdu.host}:{self.cfg.cdu.port}"
+            )
+
+    def _audit_command(self, audit: CommandAudit) -> None:
+        """Every command, accepted or refused: measurement ``command`` (tags user, verb,
+        outcome; fields ok 1/0, latency_s)."""
+        self.writer.write("command", audit.tags(), audit.fields(), audit.wall_ns)
+
+    def _pid_telemetry(self, out: CoreOutput) -> None:
+        ls = out.loop
+        pid = ls.pid
+        fields: dict[str, float | None] = {
+            "process_variable_c": ls.pv_c,
+            "setpoint_c": ls.setpoint_c,
+            "output_pct": ls.command_pct,
+            "p_term_pct": pid.p if pid else None,
+            "i_term_pct": pid.i if pid else None,
+            "d_term_pct": pid.d if pid else None,
+            "ff_term_pct": pid.ff if pid else None,
+            "pv_quality": float(ls.pv_quality.code) if ls.pv_quality else 2.0,
+            "mode_code": _MODE_CODE.get(ls.mode, -1.0),
+            "bad_periods": float(ls.bad_periods),
+        }
+        self.writer.write("pid", {"loop": "supply_temp", "device": self.cfg.cdu.name}, fields)
+
+    def _cdu_telemetry(self) -> None:
+        groups: dict[str, list[Sample]] = {}
+        for s in self.latest.values():
+            groups.setdefault(MEASUREMENT_OF_POINT.get(s.point, "cdu"), []).append(s)
+        now_ns = self.clock.wall_ns()  # one line per measurement per interval
+        for measurement, samples in groups.items():
+            self.writer.write_samples(
+                measurement, {"device": self.cfg.cdu.name, "loop": "secondary"}, samples, now_ns
+            )
+
+    def _alarms(self, events: list[AlarmEvent]) -> None:
+        if not events:
+            return
+        active = {a.id: a for a in self.core.alarms.active()}
+        for ev in events:
+            self.log.warning(
+                "alarm", alarm=ev.id, kind=ev.kind, severity=ev.severity, message=ev.message
+            )
+            snap = active.get(ev.id)
+            if snap is None:
+                self.mqtt.publish_alarm(ev.id, None)
+            else:
+                self.mqtt.publish_alarm(
+                    ev.id,
+                    {
+                        "id": snap.id,
+                        "severity": snap.severity,
+                        "message": snap.message,
+                        "state": snap.state,
+                        "acked": snap.acked,
+                        "shelved": snap.shelved,
+                        "runbook": snap.runbook,
+                        "value": snap.value,
+                        "ts_ns": self.clock.wall_ns(),  # wall-clock: payload timestamp
+                    },
+                )
+            self.writer.write(
+                "alarm",
+                {"alarm": ev.id, "severity": ev.severity},
+                {
+                    "active": 1.0 if snap is not None and snap.state == "active" else 0.0,
+                    "severity_code": _SEVERITY_CODE.get(ev.severity, 0.0),
+                    "event_code": float(
+                        ["raised", "cleared", "acked", "shelved", "unshelved", "returned"].index(
+                            ev.kind
+                        )
+                    ),
+                },
+            )
+
+    def _publish_state(self) -> None:
+        state = self.core.state()
+        state["ts_ns"] = self.clock.wall_ns()
+        state["valve_position_pct"] = self._value(self.cfg.points.valve_position)
+        self.mqtt.publish_state("supply_loop", state)
+        self.mqtt.publish_state("health", self.health())
+
+    def _value(self, point: str | None) -> float | None:
+        s = self.latest.get(point) if point else None
+        return s.value if s is not None and s.usable else None
+
+    def health(self) -> dict[str, Any]:
+        """Self-metrics for the retained ``state/health`` topic."""
+        w = self.writer.stats
+        return {
+            "uptime_s": round(self.clock.monotonic() - self._started_mono, 1),
+            "tick_late_last_s": round(self.tick_stats.late_last_s, 4),
+            "tick_late_max_s": round(self.tick_stats.late_max_s, 4),
+            "tick_overruns": self.tick_stats.overruns,
+            "cdu": self.device.stats.as_dict(),
+            "mqtt_subscribed": self.mqtt.subscribed_topics,
+            "mqtt_configured": self.mqtt.configured_topics,
+            "mqtt_reconnects": self.mqtt.stats.reconnects,
+            "commands": {
+                "received": self.commands.stats.received,
+                "applied": self.commands.stats.applied,
+                "refused": dict(self.commands.stats.refused),
+                "duplicates": self.commands.stats.duplicates,
+            },
+            "output_writes_ok": self.outputs.ok,
+            "output_writes_failed": self.outputs.errors,
+            "spool": {
+                "directory": str(effective_spool(self.cfg.spool).directory),
+                "spooled_lines": w.spooled,
+                "sent_lines": w.sent,
+                "depth_lines": w.depth_lines,
+                "rejected_lines": w.rejected,
+                "dropped_lines": w.dropped,
+                "last_error": w.last_error,
+            },
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set, then shut down in order (see the module docstring)."""
+        self.log.info(
+            "starting",
+            site=self.cfg.identity.site,
+            rack=self.cfg.identity.rack,
+            cdu=f"{self.cfg.cdu.host}:{self.cfg.cdu.port}/{self.cfg.cdu.unit_id}",
+            broker=f"{self.cfg.mqtt.host}:{self.cfg.mqtt.port}",
+            tsdb=self.cfg.tsdb.url or "embedded spool",
+            shadow=self.cfg.supply_loop.shadow,
+        )
+        async with asyncio.TaskGroup() as tg:
+            side = [
+                tg.create_task(supervised("modbus", self.device.run, self.log)(), name="modbus"),
+                tg.create_task(supervised("mqtt", self.mqtt.run, self.log)(), name="mqtt"),
+            ]
+            writer_task = tg.create_task(
+                supervised("tsdb", self.writer.run, self.log)(), name="tsdb"
+            )
+            control = tg.create_task(
+                run_ticker(self.cfg.control.tick_s, self._tick, self.clock, self.tick_stats),
+                name="control",
+            )
+            await stop.wait()
+            self.notifier.stopping("stopping: outputs to their stop state, draining telemetry")
+            self.log.info("stopping")
+            control.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await control
+            await self._stop_outputs()
+            self._publish_state()
+            await self.mqtt.stop()
+            side[1].cancel()
+            await self.writer.close()
+            writer_task.cancel()
+            side[0].cancel()
+        self.log.info("stopped", **self._final_counts())
+
+    async def _stop_outputs(self) -> None:
+        writes = self.core.stop_writes()
+        for point, value in writes:
+            self.log.info("stop_action_write", point=point, value=value)
+            self.outputs.submit(point, value)
+        await self.outputs.drain(self.cfg.control.stop_budget_s)
+        if not writes:
+            self.log.info("stop_action_hold", note="outputs hold their last value")
+
+    def _final_counts(self) -> dict[str, Any]:
+        w = self.writer.stats
+        return {
+            "spooled_lines": w.spooled,
+            "sent_lines": w.sent,
+            "depth_lines": w.depth_lines,
+        }
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the config; loop settings apply without bumping the output."""
+        if self.config_path is None:
+            self.log.info("reload_skipped", reason="running on embedded defaults")
+            return
+        self.notifier.reloading()
+        try:
+            cfg, _ = load_valvey_config(self.config_path)
+        except ConfigError as err:
+            self.log.error("reload_rejected", error=str(err))
+            self.notifier.status("reload rejected: config invalid; running config kept")
+            return
+        self.core.reload(cfg.supply_loop)
+        self.commands.update_settings(cfg.commands)  # roles and limits apply at once
+        changed = [
+            k
+            for k in ("identity", "mqtt", "tsdb", "spool", "cdu", "points", "control")
+            if getattr(cfg, k) != getattr(self.cfg, k)
+        ]
+        if changed:
+            self.log.warning("reload_needs_restart", sections=changed)
+        self.cfg = cfg.model_copy(update={k: getattr(self.cfg, k) for k in changed})
+        self.log.info("reloaded", supply_loop=cfg.supply_loop.model_dump())
+        self.notifier.reloaded()
