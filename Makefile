@@ -1,6 +1,9 @@
 # rackplane: the two quick-start commands are `make demo` and `make test`; each sets up what it needs.
 SHELL := /bin/bash
-PYTHON ?= $(shell command -v python3.13 || command -v python3.12 || command -v python3.11 || command -v python3)
+# The first interpreter that actually runs and is >= 3.11 (pyenv shims may exist but not run).
+PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
+	$$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; \
+	done)
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rackplane-installed
@@ -18,7 +21,7 @@ help:
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "rackplane needs Python >= 3.11; set PYTHON=/path/to/python3.11")'
+	@test -n "$(PYTHON)" || { echo "rackplane needs Python >= 3.11: install it or set PYTHON=/path/to/python3.11" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[tools,test]'
 	@touch $@
