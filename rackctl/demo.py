@@ -412,10 +412,15 @@ async def run_demo(
                 elif elapsed - last_print >= 10:
                     last_print = elapsed
                     lp = rec.loop[-1] if rec.loop else {}
+                    def num(v: Any, nd: int) -> str:
+                        return "—" if v is None else f"{v:.{nd}f}"
+
                     console.print(
-                        f"[{elapsed:5.0f}/{total:.0f} s] supply {lp.get('supply_temp_c')} °C "
-                        f"setpoint {lp.get('setpoint_c')} valve {lp.get('valve_command_pct')} % "
-                        f"mode {lp.get('mode')} alarms {sorted(rec.alarms) or 'none'}",
+                        f"[{elapsed:5.0f}/{total:.0f} s] supply "
+                        f"{num(lp.get('supply_temp_c'), 2)} °C, setpoint "
+                        f"{num(lp.get('setpoint_c'), 1)} °C, valve "
+                        f"{num(lp.get('valve_command_pct'), 1)} %, mode {lp.get('mode')}, "
+                        f"alarms {', '.join(sorted(rec.alarms)) or 'none'}",
                         markup=False,
                         highlight=False,
                     )
@@ -499,7 +504,45 @@ async def run_demo(
         max_gpu_tj_c=max(tj) if tj else None,
     )
     (run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
+    (run_dir / "summary.md").write_text(summary_markdown(summary))
     return summary
+
+
+def summary_markdown(s: DemoSummary) -> str:
+    """The summary as a Markdown table (pasted verbatim into the README)."""
+    import platform
+
+    def settle(m: dict[str, Any] | None) -> str:
+        if not m:
+            return "—"
+        v = m["settling_s"]
+        return "never left ±0.5 K" if v == 0 else ("not settled" if v is None else f"{v:.0f} s")
+
+    lines = [
+        f"`rackctl demo` ({s.scenario}, {s.duration_s:g} s of plant time, PI control, real "
+        f"time over Modbus TCP and MQTT; {platform.system()} {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"{time.strftime('%Y-%m-%d')}):",
+        "",
+        "| disturbance | max \\|error\\| (valvey's PV) | back within ±0.5 K after | "
+        "max \\|error\\| (plant truth) |",
+        "|---|---|---|---|",
+    ]
+    for st in s.steps:
+        pv, tr = st.get("valvey_pv"), st.get("plant_truth")
+        lines.append(
+            f"| {st['disturbance']} at t = {st['t0_s']:g} s | "
+            f"{pv['max_abs_error_k']:.2f} K | {settle(pv)} | "
+            f"{tr['max_abs_error_k']:.2f} K |" if pv and tr else f"| {st['disturbance']} | — | — | — |"
+        )
+    lines += [
+        "",
+        f"Points spooled: {s.points_spooled} lines of line protocol in the run's `spool/` "
+        f"folder (the embedded store). Hottest GPU junction: "
+        f"{s.max_gpu_tj_c:.1f} °C. Alarms: {', '.join(s.alarms_raised) or 'none'}. "
+        f"valvey's exit code after SIGTERM: {s.valvey_exit_code}.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def print_summary(s: DemoSummary, console: Console) -> None:

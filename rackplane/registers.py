@@ -430,12 +430,29 @@ def from_engineering(point: PointSpec, value: float) -> float:
     return base * n if n is not None else base / point.scale
 
 
+def _shortest_float32(b: bytes) -> float:
+    """The shortest decimal that is the same float32 (44.43, not 44.43000030517578).
+
+    A device that stores 44.43 in a float32 register meant 44.43; the binary expansion's
+    extra digits are noise in state payloads and logs. The result packs back to the same four
+    bytes, so nothing is lost.
+    """
+    v = float(struct.unpack(">f", b)[0])
+    if not math.isfinite(v):
+        return v
+    for digits in (6, 7, 8, 9):
+        c = float(f"{v:.{digits}g}")
+        if struct.pack(">f", c) == b:
+            return c
+    return v
+
+
 def _typed(point: PointSpec, raw_u: int) -> float:
     """Raw unsigned -> the type's number (two's complement for signed, IEEE for floats)."""
     t = point.type
     bits = 16 * TYPE_WORDS[t]
     if t == "float32":
-        return float(struct.unpack(">f", raw_u.to_bytes(4, "big"))[0])
+        return _shortest_float32(raw_u.to_bytes(4, "big"))
     if t == "float64":
         return float(struct.unpack(">d", raw_u.to_bytes(8, "big"))[0])
     if t in _SIGNED and raw_u >= 2 ** (bits - 1):
