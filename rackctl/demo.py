@@ -530,10 +530,12 @@ def summary_markdown(s: DemoSummary) -> str:
     ]
     for st in s.steps:
         pv, tr = st.get("valvey_pv"), st.get("plant_truth")
+        if not (pv and tr):
+            lines.append(f"| {st['disturbance']} | — | — | — |")
+            continue
         lines.append(
-            f"| {st['disturbance']} at t = {st['t0_s']:g} s | "
-            f"{pv['max_abs_error_k']:.2f} K | {settle(pv)} | "
-            f"{tr['max_abs_error_k']:.2f} K |" if pv and tr else f"| {st['disturbance']} | — | — | — |"
+            f"| {st['disturbance']} at t = {st['t0_s']:g} s | {pv['max_abs_error_k']:.2f} K | "
+            f"{settle(pv)} | {tr['max_abs_error_k']:.2f} K |"
         )
     lines += [
         "",
