@@ -1,4 +1,4 @@
-"""``rackctl``: the operator's CLI (demo, replay of the embedded store, lock-step runs)."""
+"""rackctl: the operator's CLI (demo, replay of the embedded store, lock-step runs)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.progress import Progress
+from rich.table import Table
 
 from rackplane.cli import EXIT_CONFIG, EXIT_RUNTIME, fail_config
-from rackplane.errors import ConfigError
+from rackplane.errors import ConfigError, SpoolError
 from rackplane.log import configure_logging
 from rackplane.settings import TsdbSettings
 
@@ -84,12 +85,18 @@ def replay(
         except ConfigError as err:
             fail_config(err)
             return
-    console.print(
-        json.dumps(
-            result.__dict__ if hasattr(result, "__dict__") else str(result), default=str, indent=2
-        ),
-        markup=False,
-    )
+        except SpoolError as err:
+            Console(stderr=True).print(f"replay failed: {err}", markup=False)
+            raise typer.Exit(EXIT_CONFIG) from None
+    fields = result.__dict__ if hasattr(result, "__dict__") else {
+        k: getattr(result, k) for k in getattr(result, "__slots__", ())
+    }
+    table = Table(title=f"replay of {spool} to {url}")
+    table.add_column("")
+    table.add_column("value")
+    for k, v in fields.items():
+        table.add_row(k.replace("_", " "), str(v))
+    console.print(table)
 
 
 @app.command()
@@ -129,7 +136,16 @@ def lockstep(
     figures["valve"] = valve_activity(res.control_periods_cmd, res.loop_period_s).__dict__
     figures["max_gpu_tj_c"] = max(tr.hottest_gpu_tj_c)
     figures["alarm_events"] = res.alarm_events
-    console.print_json(json.dumps(figures, default=str))
+    def rounded(x: Any) -> Any:
+        if isinstance(x, float):
+            return round(x, 3)
+        if isinstance(x, dict):
+            return {k: rounded(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [rounded(v) for v in x]
+        return x
+
+    console.print_json(json.dumps(rounded(figures), default=str))
 
 
 def main() -> None:

@@ -42,6 +42,9 @@ def run_async(main: Callable[[], Any]) -> int:
         return int(asyncio.run(main()) or 0)
     except KeyboardInterrupt:
         return 130
+    except OSError as err:  # e.g. a listening port already in use, at start
+        Console(stderr=True, soft_wrap=True).print(f"cannot start: {err}", markup=False)
+        return EXIT_RUNTIME
 
 
 def samples_table(title: str, samples: list[Sample], ranges: dict[str, str]) -> Table:

@@ -74,6 +74,11 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {p}", path=str(p)) from None
     except PermissionError:
         raise ConfigError(f"config file not readable: {p}", path=str(p)) from None
+    except IsADirectoryError:
+        raise ConfigError(f"config path is a directory, not a file: {p}", path=str(p)) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{p}: not UTF-8 text ({err.reason} at byte {err.start})",
+                          path=str(p)) from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{p}: not valid TOML: {err}", path=str(p)) from None
 
@@ -87,6 +92,44 @@ def load_config(model: type[M], path: str | os.PathLike[str] | None) -> M:
     if path is None:
         return validate_data(model, {}, "<embedded defaults>")
     return validate_data(model, read_toml(path), str(path), base_dir=Path(path).parent)
+
+
+def check_environment(checks: dict[str, str | None]) -> None:
+    """Every env var named in config must be set: ``{key path: var name}``.
+
+    Raises:
+        ConfigError: naming each key path whose variable is unset.
+    """
+    problems = [
+        f"{key}: environment variable {var} is not set"
+        for key, var in checks.items()
+        if var and var not in os.environ
+    ]
+    if problems:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems),
+                          problems=problems)
+
+
+def check_writable_dir(key: str, path: Path) -> None:
+    """``path`` is, or can be created as, a writable directory (checked without creating it).
+
+    Raises:
+        ConfigError: naming ``key`` when the path is a file, under a file, or not writable.
+    """
+    p = Path(path).absolute()
+    probe = p
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    problem = None
+    if probe.exists() and not probe.is_dir():
+        problem = f"{probe} is a file, not a directory"
+    elif probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        problem = f"{probe} is not writable by this user"
+    if problem:
+        msg = f"{key}: {p} cannot be used: {problem}"
+        raise ConfigError(f"invalid configuration:\n  {msg}", problems=[msg])
 
 
 def secret_from_env(var: str | None) -> str | None:

@@ -82,7 +82,9 @@ class MqttSettings(StrictModel):
     session_expiry_s: int = Field(3600, ge=0, description="MQTT v5 session expiry interval")
     reconnect_min_s: float = Field(0.5, gt=0)
     reconnect_max_s: float = Field(5.0, gt=0)
-    topic_root: str = "rackplane"
+    topic_root: str = Field(
+        "rackplane", description="first topic level(s); no wildcards, no leading or trailing '/'"
+    )
     telemetry_queue_max: int = Field(
         10_000, ge=10, description="outgoing QoS 0 telemetry kept while disconnected; the "
         "oldest is dropped and counted beyond this (state and alarms are never dropped)"
@@ -101,6 +103,15 @@ class MqttSettings(StrictModel):
         1000, ge=10, description="outgoing QoS 1 command replies kept while disconnected; the "
         "oldest is dropped and counted beyond this"
     )
+
+    @field_validator("topic_root")
+    @classmethod
+    def _root(cls, v: str) -> str:
+        levels = v.split("/")
+        if not v or any(not lv or "+" in lv or "#" in lv or "\x00" in lv for lv in levels):
+            raise ValueError("must be one or more topic levels without wildcards (+ #), "
+                             "empty levels or a leading/trailing '/'")
+        return v
 
     @model_validator(mode="after")
     def _backoff(self) -> MqttSettings:
@@ -293,6 +304,11 @@ class LogSettings(StrictModel):
 
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "console", "json"] = "auto"
+
+
+def environment_checks(mqtt: MqttSettings, tsdb: TsdbSettings) -> dict[str, str | None]:
+    """Key paths of the env vars a daemon's config names (for `check_environment`)."""
+    return {"mqtt.password_env": mqtt.password_env, "tsdb.token_env": tsdb.token_env}
 
 
 def effective_spool(spool: SpoolSettings, environ: dict[str, str] | None = None) -> SpoolSettings:

@@ -15,14 +15,15 @@ import os
 from typing import Any
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
-from rackplane.config import load_config
+from rackplane.config import check_environment, check_writable_dir, load_config
+from rackplane.errors import ConfigError
 from rackplane.log import get_logger
 from rackplane.modbus import ModbusDevice
 from rackplane.mqtt import MqttLink
 from rackplane.registers import load_register_map
 from rackplane.samples import Sample
 from rackplane.service import Notifier, TickStats, run_ticker, supervised
-from rackplane.settings import effective_spool
+from rackplane.settings import effective_spool, environment_checks
 from rackplane.tsdb import TelemetryWriter
 from racky.config import RackyConfig
 
@@ -37,8 +38,14 @@ def load_racky_config(path: str | os.PathLike[str] | None) -> RackyConfig:
         ConfigError: with the key path named.
     """
     cfg = load_config(RackyConfig, path)
-    for shelf in cfg.power_shelves:
-        load_register_map(shelf.register_map)
+    for i, shelf in enumerate(cfg.power_shelves):
+        try:
+            load_register_map(shelf.register_map)
+        except ConfigError as err:
+            key = f"power_shelves[{i}].register_map"
+            raise ConfigError(f"{key}: {err}", problems=[f"{key}: {err}"]) from None
+    check_environment(environment_checks(cfg.mqtt, cfg.tsdb))
+    check_writable_dir("spool.directory", effective_spool(cfg.spool).directory)
     return cfg
 
 

@@ -1,4 +1,4 @@
-"""``racky``: run the rack power and infrastructure manager, or check its config."""
+"""racky: run the rack power and infrastructure manager, or check its config."""
 
 from __future__ import annotations
 
@@ -51,7 +51,12 @@ def racky(
             f"{cfg.mqtt.host}:{cfg.mqtt.port}; tsdb {cfg.tsdb.url or 'embedded spool'}"
         )
         raise typer.Exit(EXIT_OK)
-    raise typer.Exit(run_async(lambda: run_daemon(Racky(cfg, config_path=config), "racky")))
+    try:
+        daemon = Racky(cfg, config_path=config)
+    except ConfigError as err:
+        fail_config(err)
+        return
+    raise typer.Exit(run_async(lambda: run_daemon(daemon, "racky")))
 
 
 def main() -> None:

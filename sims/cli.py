@@ -1,4 +1,4 @@
-"""``rack-sim``: run the simulators in real time behind real protocols, or list scenarios."""
+"""rack-sim: run the simulators in real time behind real protocols, or list scenarios."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def run(
     log_level: Annotated[str, typer.Option()] = "info",
     log_format: Annotated[str, typer.Option(help="auto | console | json")] = "auto",
 ) -> None:
-    """Run SCENARIO in real time: a Modbus TCP CDU (and plant truth on MQTT if a broker is set)."""
+    """Run a scenario in real time: a Modbus TCP CDU, plant truth on MQTT if a broker is set."""
     configure_logging(log_level, log_format)  # type: ignore[arg-type]
     try:
         sc = load_scenario(scenario)
@@ -67,17 +67,22 @@ def run(
     except ValueError as err:
         Console(stderr=True).print(f"invalid option: {err}", markup=False)
         raise typer.Exit(2) from None
-    sim = CduSimulator(
-        sc,
-        modbus_host=modbus_host,
-        modbus_port=modbus_port,
-        unit_id=unit_id,
-        mqtt=mqtt,
-        identity=ident,
-        exit_at_end=exit_at_end,
-        ground_truth_path=ground_truth,
-    )
-    raise typer.Exit(run_async(lambda: run_daemon(sim, "rack-sim")))
+    try:
+        sim = CduSimulator(
+            sc,
+            modbus_host=modbus_host,
+            modbus_port=modbus_port,
+            unit_id=unit_id,
+            mqtt=mqtt,
+            identity=ident,
+            exit_at_end=exit_at_end,
+            ground_truth_path=ground_truth,
+        )
+    except ConfigError as err:
+        fail_config(err)
+        return
+    code = run_async(lambda: run_daemon(sim, "rack-sim"))
+    raise typer.Exit(code)
 
 
 def main() -> None:

@@ -17,20 +17,21 @@ import asyncio
 import contextlib
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rackplane.alarms import AlarmEvent
 from rackplane.clock import SYSTEM_CLOCK, Clock
 from rackplane.commands import CommandAudit, CommandRouter
-from rackplane.config import load_config
+from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.errors import ConfigError, ModbusError, WriteRejected
-from rackplane.log import get_logger
+from rackplane.log import configure_logging, get_logger
 from rackplane.modbus import ModbusDevice
 from rackplane.mqtt import MqttLink
 from rackplane.registers import RegisterMap, load_register_map
 from rackplane.samples import Sample
 from rackplane.service import Notifier, TickStats, run_ticker, supervised
-from rackplane.settings import effective_spool
+from rackplane.settings import effective_spool, environment_checks
 from rackplane.tsdb import TelemetryWriter
 from valvey.commands import register_valvey_commands
 from valvey.config import ValveyConfig, check_points_against_map
@@ -60,14 +61,29 @@ _SEVERITY_CODE = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}
 
 
 def load_valvey_config(path: str | os.PathLike[str] | None) -> tuple[ValveyConfig, RegisterMap]:
-    """Load and cross-check the config and its register map.
+    """Load and cross-check the config: register map, points, secrets, TLS files, spool.
+
+    Everything that would stop the daemon later is checked here, so ``--check-config`` and
+    start-up refuse it with the key path named (exit 2) instead of failing at run time.
 
     Raises:
         ConfigError: any problem, with the key path named.
     """
     cfg = load_config(ValveyConfig, path)
-    regmap = load_register_map(cfg.cdu.register_map)
-    check_points_against_map(cfg, {p.name: p.writable for p in regmap.points})
+    try:
+        regmap = load_register_map(cfg.cdu.register_map)
+    except ConfigError as err:
+        raise ConfigError(f"cdu.register_map: {err}", problems=[f"cdu.register_map: {err}"]) \
+            from None
+    check_points_against_map(cfg, regmap)
+    check_environment(environment_checks(cfg.mqtt, cfg.tsdb))
+    if cfg.mqtt.tls is not None:
+        for key in ("ca_file", "cert_file", "key_file"):
+            f = getattr(cfg.mqtt.tls, key)
+            if f is not None and not Path(f).is_file():
+                msg = f"mqtt.tls.{key}: {f} is not a readable file"
+                raise ConfigError(f"invalid configuration:\n  {msg}", problems=[msg])
+    check_writable_dir("spool.directory", effective_spool(cfg.spool).directory)
     return cfg, regmap
 
 
@@ -173,6 +189,7 @@ class Valvey:
         self.commands.attach()
         self._next_state = 0.0
         self._next_telemetry = 0.0
+        self._next_pid_telemetry = 0.0
         self._started_mono = clock.monotonic()
         self.first_step_done = asyncio.Event()
 
@@ -191,7 +208,10 @@ class Valvey:
         for tr in out.loop.transitions:
             self.log.info("supply_loop_transition", change=tr, pv_status=out.loop.pv_status)
         self._alarms(out.alarm_events)
-        if out.loop.pid_updated:
+        if now >= self._next_pid_telemetry:
+            # Every loop period, whatever the mode: fail-safe, a bad PV and the output the
+            # valve was given must reach the time series too (not only PID updates).
+            self._next_pid_telemetry = now + self.cfg.supply_loop.period_s - 1e-6
             self._pid_telemetry(out)
         if now >= self._next_telemetry:
             self._next_telemetry = now + self.cfg.control.telemetry_interval_s
@@ -226,6 +246,7 @@ class Valvey:
             "pv_quality": float(ls.pv_quality.code) if ls.pv_quality else 2.0,
             "mode_code": _MODE_CODE.get(ls.mode, -1.0),
             "bad_periods": float(ls.bad_periods),
+            "output_reasserts": float(self.core.reasserts),
         }
         self.writer.write("pid", {"loop": "supply_temp", "device": self.cfg.cdu.name}, fields)
 
@@ -390,15 +411,24 @@ class Valvey:
             self.log.error("reload_rejected", error=str(err))
             self.notifier.status("reload rejected: config invalid; running config kept")
             return
+        old_sp = self.cfg.supply_loop.setpoint_c
         self.core.reload(cfg.supply_loop)
+        # A setpoint changed in the file applies; an unchanged file keeps a setpoint set by
+        # command since (the operator's latest intent wins until the file says otherwise).
+        if cfg.supply_loop.setpoint_c != old_sp:
+            self.core.loop.set_setpoint(cfg.supply_loop.setpoint_c)
         self.commands.update_settings(cfg.commands)  # roles and limits apply at once
+        if cfg.log != self.cfg.log:
+            configure_logging(cfg.log.level, cfg.log.format)
         changed = [
             k
             for k in ("identity", "mqtt", "tsdb", "spool", "cdu", "points", "control")
             if getattr(cfg, k) != getattr(self.cfg, k)
         ]
         if changed:
-            self.log.warning("reload_needs_restart", sections=changed)
+            self.log.warning("reload_needs_restart", sections=changed,
+                             note="these sections apply only after a restart")
         self.cfg = cfg.model_copy(update={k: getattr(self.cfg, k) for k in changed})
-        self.log.info("reloaded", supply_loop=cfg.supply_loop.model_dump())
+        self.log.info("reloaded", setpoint_c=self.core.loop.setpoint_c,
+                      applied=["supply_loop", "commands", "log"], kept=changed)
         self.notifier.reloaded()

@@ -1,4 +1,4 @@
-"""``valvey``: run the cooling controller, check its config, or read every point once."""
+"""valvey: run the cooling controller, check its config, or read every point once."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from rackplane.cli import (
 )
 from rackplane.clock import SYSTEM_CLOCK
 from rackplane.config import example_toml
-from rackplane.errors import ConfigError
+from rackplane.errors import ConfigError, ModbusError
 from rackplane.modbus import ModbusDevice
 from rackplane.registers import RegisterMap
 from rackplane.samples import Sample
@@ -84,7 +84,14 @@ def _dry_connect(target: CduTarget, regmap: RegisterMap, console: Console) -> in
         dev = ModbusDevice(target, regmap, clock=SYSTEM_CLOCK, on_samples=lambda s: None)
         return await dev.read_once()
 
-    samples = asyncio.run(read())
+    try:
+        samples = asyncio.run(read())
+    except ModbusError as err:
+        Console(stderr=True).print(
+            f"dry connect failed: {target.host}:{target.port} unit {target.unit_id}: {err}",
+            markup=False, highlight=False,
+        )
+        return EXIT_RUNTIME
 
     def bound(v: float | None) -> str:
         return "" if v is None else f"{v:g}"

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from rackplane.config import StrictModel
 from rackplane.errors import ConfigError
+from rackplane.registers import RegisterMap
 from rackplane.settings import (
     CommandSettings,
     Identity,
@@ -52,6 +53,15 @@ class ControlSettings(StrictModel):
     state_interval_s: float = Field(1.0, gt=0, le=60, description="retained MQTT state")
     telemetry_interval_s: float = Field(1.0, gt=0, le=3600, description="CDU points to the TSDB")
     write_timeout_s: float = Field(2.0, gt=0, le=30, description="bound on each output write")
+    readback_confirm_s: float = Field(
+        3.0, gt=0, le=60, description="a written output whose read-back still differs after "
+        "this long is written again (a write lost in an outage, or overridden by the CDU's "
+        "local control) and counted"
+    )
+    readback_tolerance_pct: float = Field(
+        0.25, gt=0, le=5, description="read-back within this of the written value counts as "
+        "applied (register resolution 0.1 %)"
+    )
     stop_budget_s: float = Field(
         3.0, gt=0, le=30, description="time allowed at shutdown for the stop writes"
     )
@@ -72,6 +82,10 @@ class CduTarget(ModbusTargetSettings):
         Path("cdu-generic"), description="register-map TOML, or a bundled map's name"
     )
     poll_interval_s: float = Field(0.1, gt=0, le=3600, description="10 Hz, like the tick")
+    reconnect_max_s: float = Field(
+        2.0, gt=0, description="reconnect backoff cap: well below the CDU's heartbeat timeout "
+        "(10 s in the simulator), so control resumes before the CDU falls back to local"
+    )
     timeout_s: float = Field(0.5, gt=0, le=60)
     max_gap_registers: int = Field(
         2,
@@ -114,28 +128,42 @@ class ValveyConfig(StrictModel):
         return self
 
 
-def check_points_against_map(cfg: ValveyConfig, map_points: dict[str, bool]) -> None:
-    """Check every configured point exists in the register map (and outputs are writable).
+def check_points_against_map(cfg: ValveyConfig, regmap: RegisterMap) -> None:
+    """Check the configured points against the register map.
 
-    Args:
-        map_points: point name -> writable, from the loaded register map.
+    Every point must exist; outputs must be writable; no two roles may share a point (a
+    heartbeat aliased to the valve register would drive the valve with a counter); the
+    heartbeat must be an integer register with scale 1 (it counts).
 
     Raises:
-        ConfigError: naming the key path of each missing or read-only point.
+        ConfigError: naming the key path of each problem.
     """
+    by_name = {p.name: p for p in regmap.points}
     problems = []
-    wanted = {
+    roles = {
         "points.supply_temp": (cfg.points.supply_temp, False),
         "points.valve_command": (cfg.points.valve_command, True),
         "points.valve_position": (cfg.points.valve_position, False),
         "points.heartbeat": (cfg.points.heartbeat, True),
     }
-    for key, (name, must_write) in wanted.items():
+    seen: dict[str, str] = {}
+    for key, (name, must_write) in roles.items():
         if name is None:
             continue
-        if name not in map_points:
+        spec = by_name.get(name)
+        if spec is None:
             problems.append(f"{key}: point {name!r} is not in register map {cfg.cdu.register_map}")
-        elif must_write and not map_points[name]:
+            continue
+        if must_write and not spec.writable:
             problems.append(f"{key}: point {name!r} is not writable in the register map")
+        if name in seen:
+            problems.append(f"{key}: point {name!r} is already used as {seen[name]}; each role "
+                            "needs its own point")
+        seen.setdefault(name, key)
+    hb = by_name.get(cfg.points.heartbeat or "")
+    if hb is not None and (hb.type not in ("uint16", "int16", "uint32", "int32")
+                           or hb.scale != 1.0 or hb.offset != 0.0):
+        problems.append(f"points.heartbeat: point {hb.name!r} must be an integer register "
+                        f"with scale 1 and offset 0 (it is {hb.type}, scale {hb.scale:g})")
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems), problems=problems)

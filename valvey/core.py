@@ -59,6 +59,13 @@ class ValveyCore:
         self._heartbeat = 0
         self._last_heartbeat_mono: float | None = None
         self.last: CoreOutput | None = None
+        # Output reconciliation: what we last wrote vs what the device reads back.
+        self._last_written: float | None = None
+        self._mismatch_since: float | None = None
+        self._last_reassert: float = float("-inf")
+        self.reasserts = 0
+        self.readback_mismatch = False
+        self._last_good_pv_mono: float | None = None
 
     def readback_pct(self, samples: Mapping[str, Sample]) -> float | None:
         """The valve's read-back: the command register, else the position feedback."""
@@ -78,10 +85,19 @@ class ValveyCore:
             ValueError: ``now_mono`` not finite or going backwards (a caller bug).
         """
         pv = samples.get(self.points.supply_temp)
+        if pv is not None and pv.usable:
+            self._last_good_pv_mono = pv.t_mono
         ls = self.loop.step(now_mono, pv, self.readback_pct(samples))
         writes: list[tuple[str, float]] = []
-        if ls.write and ls.command_pct is not None:
-            writes.append((self.points.valve_command, ls.command_pct))
+        if ls.mode != "shadow":
+            # Judge the previous write against the read-back before a new one replaces it;
+            # a new write does not reset the judgement: only a matching read-back does.
+            again = self._reconcile(now_mono, samples.get(self.points.valve_command))
+            if ls.write and ls.command_pct is not None:
+                writes.append((self.points.valve_command, ls.command_pct))
+                self._last_written = ls.command_pct
+            elif again is not None:
+                writes.append((self.points.valve_command, again))
         if (
             self.points.heartbeat
             and ls.mode != "shadow"
@@ -103,6 +119,35 @@ class ValveyCore:
         self.last = out
         return out
 
+    def _reconcile(self, now: float, readback: Sample | None) -> float | None:
+        """The value to write again when the read-back disagrees with the last write.
+
+        A write can be lost without an error reaching the loop (the device went away after
+        accepting the TCP segment, or the CDU's local control overrode the register while our
+        heartbeat was missing). The read-back is the evidence: when it differs from what we
+        last wrote by more than ``readback_tolerance_pct`` for ``readback_confirm_s``, the
+        same value is written again, at most once per confirm period.
+        """
+        c = self.control
+        target = self._last_written
+        if target is None or readback is None or not readback.usable or readback.value is None:
+            self._mismatch_since = None
+            return None
+        if abs(readback.value - target) <= c.readback_tolerance_pct:
+            self._mismatch_since = None
+            self.readback_mismatch = False
+            return None
+        if self._mismatch_since is None:
+            self._mismatch_since = now
+            return None
+        if (now - self._mismatch_since >= c.readback_confirm_s - 1e-9
+                and now - self._last_reassert >= c.readback_confirm_s - 1e-9):
+            self._last_reassert = now
+            self.reasserts += 1
+            self.readback_mismatch = True
+            return target
+        return None
+
     def stop_writes(self) -> list[tuple[str, float]]:
         """Writes that put the outputs in their declared stop state (empty for ``hold``)."""
         pct = self.loop.stop_command_pct()
@@ -119,18 +164,25 @@ class ValveyCore:
             return {"mode": "starting"}
         ls = out.loop
         pid = ls.pid
+
+        def r(v: float | None, nd: int = 4) -> float | None:
+            return None if v is None else round(v, nd) + 0.0  # + 0.0: no "-0.0"
+
+        age = None if self._last_good_pv_mono is None else ls.t_mono - self._last_good_pv_mono
         return {
             "mode": ls.mode,
             "control_mode": ls.control_mode,
             "setpoint_c": ls.setpoint_c,
             "supply_temp_c": ls.pv_c,
             "pv_status": ls.pv_status,
-            "pv_age_s": ls.pv_age_s,
-            "valve_command_pct": ls.command_pct,
-            "p_term_pct": pid.p if pid else None,
-            "i_term_pct": pid.i if pid else None,
-            "d_term_pct": pid.d if pid else None,
-            "ff_term_pct": pid.ff if pid else None,
+            "pv_age_s": r(age, 2),  # since the last usable reading
+            "valve_command_pct": r(ls.command_pct, 2),
+            "p_term_pct": r(pid.p) if pid else None,
+            "i_term_pct": r(pid.i) if pid else None,
+            "d_term_pct": r(pid.d) if pid else None,
+            "ff_term_pct": r(pid.ff) if pid else None,
             "bad_periods": ls.bad_periods,
+            "readback_mismatch": self.readback_mismatch,
+            "output_reasserts": self.reasserts,
             "alarms": sorted(a.id for a in self.alarms.active()),
         }

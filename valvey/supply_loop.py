@@ -583,6 +583,12 @@ class SupplyLoop:
             if not good:
                 self._t_pid = now  # the PID is held (manual at the fail-safe command)
                 return False
+            if readback is not None:
+                # Resume from where the valve really is: the fail-safe write may never have
+                # reached the device (it failed while the CDU was unreachable), so the
+                # command we believe in is not evidence. The read-back is.
+                self._command = readback
+                self._written = readback
             assert self._command is not None
             self._pid.set_auto(self._command)
             self._set_mode("auto")

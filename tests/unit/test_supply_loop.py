@@ -605,7 +605,27 @@ def test_command_within_limits_and_rate_limited_except_failsafe(
             entered_failsafe = "mode:auto->failsafe" in s.transitions or (
                 "mode:initialising->failsafe" in s.transitions)
             started = prev is None
-            if not started and not entered_failsafe and not shadow:
+            left_failsafe = "mode:failsafe->auto" in s.transitions
+            if left_failsafe and readback is not None and not shadow:
+                # Leaving fail-safe re-synchronises to the read-back (the fail-safe write may
+                # never have reached the valve): bumpless with respect to the real valve.
+                assert abs(cmd - readback) <= 1.6 * 1.0 + 1e-6
+            elif not started and not entered_failsafe and not shadow:
                 assert prev is not None
                 assert abs(cmd - prev) <= 1.6 * (now - prev_t) + 1e-6
             prev, prev_t = cmd, now
+
+
+def test_leaving_failsafe_resumes_from_the_readback_when_the_failsafe_write_was_lost() -> None:
+    """Breaker finding C1: the CDU was unreachable, so the 100 % fail-safe write failed and the
+    valve stayed at 62.7 %. When the PV returns the loop must continue from 62.7 % (where the
+    valve is), not from the 100 % it believed it wrote."""
+    loop = mk()
+    t = T0
+    loop.step(t, pv(45.0, t), 62.7)  # initialise from the read-back
+    for k in range(1, 6):  # PV gone: fail-safe after 3 bad periods
+        s = loop.step(t + k, None, 62.7)
+    assert s.control_mode == "failsafe" and s.command_pct == 100.0
+    s = loop.step(t + 6, pv(45.0, t + 6), 62.7)  # the CDU is back; the valve never moved
+    assert "mode:failsafe->auto" in s.transitions
+    assert s.command_pct is not None and abs(s.command_pct - 62.7) <= 1.6 + 1e-6
