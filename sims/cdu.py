@@ -52,6 +52,7 @@ Deliberate choices where REFERENCE leaves room (each also in the docstring it co
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -216,6 +217,14 @@ class CduParams(StrictModel):
     """
 
     rack: RackParams = Field(default_factory=RackParams, description="the rack on this CDU")
+    n_racks: int = _f(
+        1,
+        "identical racks in parallel on this CDU (a row CDU, sims.row.VirtualRow); the flows, "
+        "UA, facility flow and pump power above are the whole CDU's, the secondary flow splits "
+        "equally between the racks",
+        ge=1,
+        le=32,
+    )
     coolant_rho_c_kj_per_l_k: float = _f(
         4.03, "secondary ρc, PG25, kJ/(L·K) (REF §1.4, §4.2 [D])", gt=0.0
     )
@@ -329,26 +338,30 @@ class CduParams(StrictModel):
         *,
         liquid_fraction: float | None = None,
         gpu_max_power_w: float | None = None,
+        n_racks: int = 1,
         **overrides: Any,
     ) -> CduParams:
         """Defaults scaled to another rack power (e.g. 130–230 kW Vera Rubin, REF §1.1).
 
-        Flows (1.5 L/min/kW, REF §1.4), UA, facility flow and pump power scale with power;
-        volumes, time constants and GPU counts stay. ``gpu_max_power_w`` defaults to 1.2 kW
-        scaled with rack power. Raises `pydantic.ValidationError` on invalid values.
+        Flows (1.5 L/min/kW, REF §1.4), UA, facility flow and pump power scale with power
+        (times ``n_racks`` for a row CDU serving that many identical racks); volumes, time
+        constants and GPU counts stay. ``gpu_max_power_w`` defaults to 1.2 kW scaled with rack
+        power. Raises `pydantic.ValidationError` on invalid values.
         """
         base = cls()
-        k = rack_max_power_w / base.rack.rack_max_power_w
+        k = rack_max_power_w / base.rack.rack_max_power_w * n_racks
         rack = base.rack.model_copy(
             update={
                 "rack_max_power_w": rack_max_power_w,
                 "liquid_fraction": liquid_fraction or base.rack.liquid_fraction,
-                "gpu_max_power_w": gpu_max_power_w or base.rack.gpu_max_power_w * k,
+                "gpu_max_power_w": gpu_max_power_w
+                or base.rack.gpu_max_power_w * rack_max_power_w / base.rack.rack_max_power_w,
             }
         )
         data = base.model_dump()
         data.update(
             rack=RackParams.model_validate(rack.model_dump()).model_dump(),
+            n_racks=n_racks,
             design_flow_lps=base.design_flow_lps * k,
             max_flow_lps=base.max_flow_lps * k,
             hx_ua_kw_per_k=base.hx_ua_kw_per_k * k,
@@ -470,17 +483,28 @@ def hx_conductance_kw_per_k(flow_lps: float, facility_flow_lps: float, p: CduPar
 
 
 class RackThermal:
-    """One rack's thermal model: rack node + hottest GPU per tray (REFERENCE §4.2 items 6–7).
+    """One rack's thermal model: rack node + GPU cold plates (REFERENCE §4.2 items 6–7).
 
-    Fed by whatever supplies it (the CDU's supply pipe now, a row header later) with an inlet
+    Fed by whatever supplies it (the CDU's supply pipe, one branch of a row CDU) with an inlet
     temperature (°C), a flow (L/s) and the rack IT power demand (W); its outlet is the rack
-    node temperature ``t_out_c``. GPU power is the rack power's GPU share
-    (``P_IT · gpu_max_power_w / rack_max_power_w``); when a tray's hottest GPU throttles or
-    shuts down, the tray's GPUs follow it and the rack heat falls by their share.
+    node temperature ``t_out_c``. Power comes in one of two ways, sharing the rack node (so
+    the energy balance is the same):
+
+    * `step` (rack power only, the §4 model and valvey's lock-step): GPU power is the rack
+      power's GPU share (``P_IT · gpu_max_power_w / rack_max_power_w``) and one hottest GPU
+      per tray is modelled (``tray_hotspot_factors``); when a tray's hottest GPU throttles or
+      shuts down, the tray's GPUs follow it and the rack heat falls by their share.
+    * `step_gpus` (per-GPU power, ``n_trays × gpus_per_tray`` values, from `sims.rack`): every
+      GPU's plate is modelled (numpy, vectorised) and throttles or shuts down on its own; the
+      rack heat falls by exactly the power the throttled GPUs do not draw. Hotspot factors do
+      not apply (each GPU's power is given).
+
+    ``set_conductance_factor(tray, f)`` scales G(Q) of a tray's cold plates (1 = clean; a
+    fouled plate is < 1: the overheating-tray fault).
 
     Args:
         params: `RackParams`.
-        design_flow_lps: Q0 of G(Q) = G0·(Q/Q0)^m + G_min (the CDU's design flow, L/s).
+        design_flow_lps: Q0 of G(Q) = G0·(Q/Q0)^m + G_min (this rack's design flow, L/s).
         rho_c_kj_per_l_k: coolant ρc, kJ/(L·K).
     """
 
@@ -492,11 +516,21 @@ class RackThermal:
         "_f_liq",
         "_g0",
         "_g_exp",
+        "_g_fac",
         "_g_min",
+        "_g_on",
+        "_g_p",
+        "_g_s",
+        "_g_slowed",
+        "_g_tj",
+        "_g_tp",
+        "_gfac",
         "_gpt",
+        "_gpu_mode",
         "_gpu_share",
         "_hot",
         "_loss",
+        "_n_gpus",
         "_n_trays",
         "_off",
         "_on",
@@ -526,6 +560,7 @@ class RackThermal:
         self._f_liq = r.liquid_fraction
         self._n_trays = r.n_trays
         self._gpt = r.gpus_per_tray
+        self._n_gpus = r.n_trays * r.gpus_per_tray
         self._gpu_share = r.gpu_max_power_w / r.rack_max_power_w  # one GPU's share of P_IT
         self._beta = r.gpu_chain_beta
         self._hot = list(r.tray_hotspot_factors or [1.0] * r.n_trays)
@@ -537,11 +572,21 @@ class RackThermal:
         self._t_slow = r.gpu_max_operating_temp_c + r.gpu_slowdown_offset_k
         self._t_shut = r.gpu_max_operating_temp_c + r.gpu_shutdown_offset_k
         self._t_recover = self._t_slow - r.gpu_throttle_hysteresis_k
+        self._gfac = [1.0] * r.n_trays
+        self._g_fac = np.ones(self._n_gpus)
+        self._gpu_mode = False
         self._tp: list[float] = []
         self._tj: list[float] = []
         self._s: list[float] = []
         self._on: list[bool] = []
         self._slowed: list[bool] = []
+        n = self._n_gpus
+        self._g_tp = np.zeros(n)
+        self._g_tj = np.zeros(n)
+        self._g_p = np.zeros(n)
+        self._g_s = np.ones(n)
+        self._g_on = np.ones(n, dtype=bool)
+        self._g_slowed = np.zeros(n, dtype=bool)
         self._off = 0
         self._loss = 0.0
         self._events = 0
@@ -559,6 +604,16 @@ class RackThermal:
         """C_r = ρc·V_rack + C_metal, kJ/K (191 kJ/K with the defaults, REFERENCE §1.7)."""
         return self._c_rack
 
+    @property
+    def gpu_mode(self) -> bool:
+        """True when the last step or settle had per-GPU power (`step_gpus`)."""
+        return self._gpu_mode
+
+    @property
+    def n_gpus(self) -> int:
+        """GPUs on the rack (n_trays × gpus_per_tray; 72 for an NVL72)."""
+        return self._n_gpus
+
     def stored_energy_kj(self) -> float:
         """Heat in the rack node relative to 0 °C, kJ (plates are part of C_metal)."""
         return self._c_rack * self.t_out_c
@@ -568,12 +623,44 @@ class RackThermal:
             return self._g_min
         return self._g0 * (flow_lps / self._q0) ** self._g_exp + self._g_min
 
-    def settle(self, t_in_c: float, flow_lps: float, power_w: float) -> float:
-        """Steady state at this inlet, flow (> 0 L/s) and power, GPUs on and unthrottled;
-        returns the outlet temperature (°C).
+    # --- fouling ---------------------------------------------------------------------------
+
+    def set_conductance_factor(self, tray: int, factor: float) -> None:
+        """Scale G(Q) of tray ``tray``'s cold plates by ``factor`` (1 = clean; e.g. 0.4 for a
+        fouled plate, the overheating-tray fault; REFERENCE §3.4 "failed cold plate").
 
         Raises:
-            ValueError: ``flow_lps`` not > 0 (no steady state without flow).
+            ValueError: no such tray, or factor outside (0, 2].
+        """
+        if not (isinstance(tray, int) and 0 <= tray < self._n_trays):
+            raise ValueError(f"tray {tray!r} outside 0..{self._n_trays - 1}")
+        if not (0.0 < factor <= 2.0 and math.isfinite(factor)):
+            raise ValueError(f"conductance factor {factor!r} outside (0, 2]")
+        self._gfac[tray] = float(factor)
+        self._g_fac[tray * self._gpt : (tray + 1) * self._gpt] = factor
+
+    @property
+    def conductance_factors(self) -> tuple[float, ...]:
+        """Per-tray cold-plate conductance factors (1 = clean)."""
+        return tuple(self._gfac)
+
+    # --- steady state ------------------------------------------------------------------------
+
+    def settle(
+        self,
+        t_in_c: float,
+        flow_lps: float,
+        power_w: float,
+        gpu_power_w: np.ndarray | None = None,
+    ) -> float:
+        """Steady state at this inlet, flow (> 0 L/s) and power, GPUs on and unthrottled;
+        returns the outlet temperature (°C). With ``gpu_power_w`` (shape ``(n_gpus,)``, W) the
+        per-GPU plates settle on those powers (GPU mode); else on the GPU share of
+        ``power_w``.
+
+        Raises:
+            ValueError: ``flow_lps`` not > 0 (no steady state without flow), or
+                ``gpu_power_w`` of the wrong shape.
         """
         if not flow_lps > 0.0:
             raise ValueError("RackThermal.settle needs flow_lps > 0")
@@ -586,16 +673,47 @@ class RackThermal:
         g = self._conductance_w_per_k(flow_lps)
         t_loc = t_in_c + self._beta * rise
         p_gpu = power_w * self._gpu_share
-        self._tp = [t_loc + p_gpu * h / g for h in self._hot]
+        gf = self._gfac
+        self._tp = [t_loc + p_gpu * h / (g * f) for h, f in zip(self._hot, gf, strict=True)]
         self._tj = [tp + self._rjp * p_gpu * h for tp, h in zip(self._tp, self._hot, strict=True)]
+        if gpu_power_w is None:
+            self._gpu_mode = False
+            gw = np.repeat(np.asarray(self._hot) * p_gpu, self._gpt)
+        else:
+            gw = self._check_gpu_power(gpu_power_w)
+            self._gpu_mode = True
+        self._g_tp = t_loc + gw / (g * self._g_fac)
+        self._g_tj = self._g_tp + self._rjp * gw
+        self._g_p = gw.copy()
         self.reset_gpus()
         self._events = 0
         return self.t_out_c
+
+    def _check_gpu_power(self, gpu_power_w: np.ndarray) -> np.ndarray:
+        gw = np.asarray(gpu_power_w, dtype=float)
+        if gw.shape != (self._n_gpus,):
+            raise ValueError(f"gpu_power_w needs shape ({self._n_gpus},), got {gw.shape}")
+        return gw
+
+    # --- stepping ----------------------------------------------------------------------------
+
+    def _rack_node(self, t_in_c: float, flow_lps: float, power_w: float, p_eff: float,
+                   dt: float) -> tuple[float, float]:
+        self.demand_w = power_w
+        self.power_w = p_eff
+        p_liq = self._f_liq * p_eff * 0.001
+        self.liquid_kw = p_liq
+        cs = self._rhoc * flow_lps
+        t_r0 = self.t_out_c
+        self.t_out_c = t_r0 + (p_liq + cs * (t_in_c - t_r0)) * dt / self._c_rack
+        return p_liq, cs
 
     def step(self, t_in_c: float, flow_lps: float, power_w: float, dt: float) -> float:
         """Advance by ``dt`` s with inlet ``t_in_c`` (°C), ``flow_lps`` and demand ``power_w``
         (W); the rack node uses its own value from before the step. Returns the heat into the
         liquid this step, kW (f_liq × IT power after throttling)."""
+        if self._gpu_mode:
+            self._to_tray_mode()
         gpu_w = power_w * self._gpu_share
         p_eff = power_w - gpu_w * self._gpt * self._loss  # throttle state of the last step
         self.demand_w = power_w
@@ -620,6 +738,7 @@ class RackThermal:
         ss = self._s
         on = self._on
         hot = self._hot
+        gf = self._gfac
         loss = 0.0
         for k in range(self._n_trays):
             tp = tps[k]
@@ -627,7 +746,7 @@ class RackThermal:
             if on[k]:
                 sk = ss[k]
                 pk = gpu_w * hot[k] * sk
-                tp += k_p * (pk - g * (tp - t_loc))
+                tp += k_p * (pk - g * gf[k] * (tp - t_loc))
                 tps[k] = tp
                 tj = tp + rjp * pk
                 tjs[k] = tj
@@ -635,12 +754,95 @@ class RackThermal:
                     sk = self._throttle(k, tj, sk, dt)
                     loss += 1.0 - sk
             else:
-                tp -= k_p * g * (tp - t_loc)
+                tp -= k_p * g * gf[k] * (tp - t_loc)
                 tps[k] = tp
                 tjs[k] = tp
                 loss += 1.0
         self._loss = loss
         return p_liq
+
+    def step_gpus(
+        self,
+        t_in_c: float,
+        flow_lps: float,
+        power_w: float,
+        gpu_power_w: np.ndarray,
+        dt: float,
+    ) -> float:
+        """Advance by ``dt`` s with per-GPU power (GPU mode).
+
+        Args:
+            t_in_c: rack inlet temperature, °C.
+            flow_lps: this rack's coolant flow, L/s.
+            power_w: rack IT power demand (GPUs + everything else), W.
+            gpu_power_w: the GPUs' share of it, shape ``(n_gpus,)``, W (tray-major: tray k
+                holds GPUs ``k·gpus_per_tray …``).
+            dt: step, s.
+
+        Each GPU draws ``gpu_power_w × scale``, its throttle scale of the last step (0 when
+        shut down); the rack heat is ``power_w`` minus what throttled GPUs do not draw.
+        Returns the heat into the liquid this step, kW.
+
+        Raises:
+            ValueError: ``gpu_power_w`` of the wrong shape.
+        """
+        gw = self._check_gpu_power(gpu_power_w)
+        if not self._gpu_mode:
+            self._to_gpu_mode()
+        s = self._g_s
+        p_act = gw * s
+        p_eff = power_w - float(gw.sum() - p_act.sum())
+        p_liq, cs = self._rack_node(t_in_c, flow_lps, power_w, p_eff, dt)
+        g = self._conductance_w_per_k(flow_lps)
+        t_loc_f = t_in_c + self._beta * p_liq / cs if cs > 1e-9 else math.inf
+        tp = self._g_tp
+        t_loc = np.minimum(tp, t_loc_f)
+        tp += (dt / self._c_plate) * (p_act - g * self._g_fac * (tp - t_loc))
+        tj = tp + self._rjp * p_act
+        self._g_tj = tj
+        self._g_p = p_act
+        on = self._g_on
+        r = self._p
+        shut = tj > self._t_shut
+        shut &= on
+        if shut.any():
+            on[shut] = False
+            s[shut] = 0.0
+            self._off += int(shut.sum())
+        hot = tj > self._t_slow
+        hot &= on
+        if hot.any():
+            slowed = self._g_slowed
+            self._events += int((hot & ~slowed).sum())
+            slowed |= hot
+            s[hot] = np.maximum(s[hot] - r.gpu_throttle_rate_per_s * dt, r.gpu_throttle_floor)
+        rec = (tj < self._t_recover) & on & (s < 1.0)
+        if rec.any():
+            s[rec] = np.minimum(s[rec] + r.gpu_throttle_recovery_per_s * dt, 1.0)
+            self._g_slowed[rec & (s >= 1.0)] = False
+        return p_liq
+
+    def _to_gpu_mode(self) -> None:
+        """Switch from the hottest-GPU-per-tray state to per-GPU state (same temperatures)."""
+        gpt = self._gpt
+        self._g_tp = np.repeat(np.asarray(self._tp, dtype=float), gpt)
+        self._g_tj = np.repeat(np.asarray(self._tj, dtype=float), gpt)
+        self._g_s = np.repeat(np.asarray(self._s, dtype=float), gpt)
+        self._g_on = np.repeat(np.asarray(self._on, dtype=bool), gpt)
+        self._g_slowed = np.repeat(np.asarray(self._slowed, dtype=bool), gpt)
+        self._gpu_mode = True
+
+    def _to_tray_mode(self) -> None:
+        """Switch from per-GPU state to one hottest GPU per tray."""
+        n, gpt = self._n_trays, self._gpt
+        k = self._g_tj.reshape(n, gpt).argmax(axis=1) + np.arange(n) * gpt
+        self._tp = self._g_tp[k].tolist()
+        self._tj = self._g_tj[k].tolist()
+        self._s = self._g_s[k].tolist()
+        self._on = self._g_on[k].tolist()
+        self._slowed = self._g_slowed[k].tolist()
+        self._loss = float(sum(1.0 - v for v in self._s))
+        self._gpu_mode = False
 
     def _throttle(self, k: int, tj: float, sk: float, dt: float) -> float:
         """HW slowdown / shutdown of tray ``k`` (REFERENCE §4.2 item 7); returns its scale."""
@@ -670,17 +872,71 @@ class RackThermal:
         self._on = [True] * self._n_trays
         self._s = [1.0] * self._n_trays
         self._slowed = [False] * self._n_trays
+        n = self._n_gpus
+        self._g_on = np.ones(n, dtype=bool)
+        self._g_s = np.ones(n)
+        self._g_slowed = np.zeros(n, dtype=bool)
         self._off = 0
         self._loss = 0.0
+
+    # --- outputs -----------------------------------------------------------------------------
 
     @property
     def gpu_tj_c(self) -> tuple[float, ...]:
         """Hottest-GPU junction temperature per tray, °C, as the throttle logic last saw it."""
+        if self._gpu_mode:
+            return tuple(self._g_tj.reshape(self._n_trays, self._gpt).max(axis=1).tolist())
         return tuple(self._tj)
+
+    @property
+    def gpu_junction_temps_c(self) -> np.ndarray:
+        """Every GPU's junction temperature, °C, shape ``(n_gpus,)`` (a copy). In tray mode
+        the tray's hottest-GPU value stands for its GPUs."""
+        if self._gpu_mode:
+            return self._g_tj.copy()
+        return np.repeat(np.asarray(self._tj, dtype=float), self._gpt)
+
+    @property
+    def gpu_plate_temps_c(self) -> np.ndarray:
+        """Every GPU's cold-plate temperature, °C, shape ``(n_gpus,)`` (a copy)."""
+        if self._gpu_mode:
+            return self._g_tp.copy()
+        return np.repeat(np.asarray(self._tp, dtype=float), self._gpt)
+
+    @property
+    def gpu_scales(self) -> np.ndarray:
+        """Every GPU's thermal throttle scale (1 = unthrottled, 0 = shut down), shape
+        ``(n_gpus,)`` (a copy)."""
+        if self._gpu_mode:
+            return self._g_s.copy()
+        return np.repeat(np.asarray(self._s, dtype=float), self._gpt)
+
+    @property
+    def gpu_on(self) -> np.ndarray:
+        """False for shut-down GPUs (latched until `reset_gpus`), shape ``(n_gpus,)``."""
+        if self._gpu_mode:
+            return self._g_on.copy()
+        return np.repeat(np.asarray(self._on, dtype=bool), self._gpt)
+
+    @property
+    def gpu_throttled(self) -> np.ndarray:
+        """True for GPUs in HW slowdown (above the threshold, or still recovering)."""
+        if self._gpu_mode:
+            return self._g_on & (self._g_slowed | (self._g_s < 1.0))
+        t = [on and (sl or s < 1.0) for on, s, sl in zip(self._on, self._s, self._slowed,
+                                                          strict=True)]
+        return np.repeat(np.asarray(t, dtype=bool), self._gpt)
+
+    @property
+    def gpu_power_drawn_w(self) -> np.ndarray:
+        """Power each GPU drew in the last `step_gpus` (after throttling), W (a copy)."""
+        return self._g_p.copy()
 
     @property
     def throttled_trays(self) -> int:
         """Trays in HW slowdown (above the threshold, or still recovering)."""
+        if self._gpu_mode:
+            return int(self.gpu_throttled.reshape(self._n_trays, self._gpt).any(axis=1).sum())
         return sum(
             1
             for on, s, sl in zip(self._on, self._s, self._slowed, strict=True)
@@ -689,12 +945,15 @@ class RackThermal:
 
     @property
     def shutdown_trays(self) -> int:
-        """Trays whose GPUs shut down (latched until `reset_gpus`)."""
+        """Trays with a shut-down GPU (latched until `reset_gpus`)."""
+        if self._gpu_mode:
+            return int((~self._g_on).reshape(self._n_trays, self._gpt).any(axis=1).sum())
         return sum(1 for on in self._on if not on)
 
     @property
     def throttle_events(self) -> int:
-        """Entries into HW slowdown since the last settle."""
+        """Entries into HW slowdown since the last settle (per tray, or per GPU in GPU
+        mode)."""
         return self._events
 
 
@@ -705,16 +964,18 @@ _NOISE_BLOCK = 4096
 
 
 class CduPlant:
-    """CDU + one rack, stepped with an explicit ``dt``; deterministic for a ``seed``.
+    """CDU + its rack(s), stepped with an explicit ``dt``; deterministic for a ``seed``.
 
     Args:
-        params: `CduParams` (REFERENCE §4.3 defaults).
+        params: `CduParams` (REFERENCE §4.3 defaults); ``params.n_racks`` identical racks
+            share the secondary flow equally (a row CDU; 1 by default).
         seed: seeds the sensor-noise stream (numpy PCG64).
 
     The constructor leaves the plant at the zero-load steady state (valve closed, everything at
     the setpoint, duty pump A at design speed); call `warm_start` for a loaded one. Writes come
-    through `write`; each `step` takes the rack IT power (W) and the facility water supply
-    temperature (°C). Fault hooks: `trip_pump`, `reset_pump`, `set_duty_pump`,
+    through `write`; each `step` takes the rack IT power (W; one value for every rack, or one
+    per rack), optionally per-GPU power (`RackThermal.step_gpus`), and the facility water
+    supply temperature (°C). Fault hooks: `trip_pump`, `reset_pump`, `set_duty_pump`,
     `set_valve_stuck`, `set_valve_feedback_offset_pct`, `set_valve_slow_factor`,
     `set_sensor_fault`, `clear_sensor_fault`, `set_leak_lpm`, `restart_controller`,
     `reset_gpus`.
@@ -750,11 +1011,13 @@ class CduPlant:
         "_q",
         "_q0",
         "_q_hx",
+        "_q_share",
         "_qmax",
         "_qp",
         "_qp_max",
         "_qp_ref",
         "_rack",
+        "_racks",
         "_remote_cmd",
         "_remote_written",
         "_ret",
@@ -814,10 +1077,15 @@ class CduPlant:
         self._c_tank = p.coolant_rho_c_kj_per_l_k * self._v_tank
         self._n_pumps = p.n_pumps
         self._pump_p0_kw = p.pump_power_full_speed_w / 1000.0
-        self._rack = RackThermal(r, p.design_flow_lps, p.coolant_rho_c_kj_per_l_k)
+        self._q_share = 1.0 / p.n_racks
+        self._racks = tuple(
+            RackThermal(r, p.design_flow_lps * self._q_share, p.coolant_rho_c_kj_per_l_k)
+            for _ in range(p.n_racks)
+        )
+        self._rack = self._racks[0]
         self._p_in_max_w = 2.0 * r.rack_max_power_w
         self._hb_timeout = p.heartbeat_timeout_s
-        self._v_inv0 = 2.0 * p.pipe_volume_l + p.cdu_volume_l + r.fluid_volume_l
+        self._v_inv0 = 2.0 * p.pipe_volume_l + p.cdu_volume_l + p.n_racks * r.fluid_volume_l
         self._p_abs0 = p.fill_pressure_kpa + ATM_KPA
         # state
         self._t = 0.0
@@ -890,6 +1158,11 @@ class CduPlant:
         return self._t
 
     @property
+    def racks(self) -> tuple[RackThermal, ...]:
+        """The rack thermal models on this CDU (one unless ``params.n_racks`` > 1)."""
+        return self._racks
+
+    @property
     def local_control(self) -> bool:
         """True while the CDU runs its own supply-temperature loop (heartbeat lost)."""
         return self._local
@@ -916,6 +1189,7 @@ class CduPlant:
         With the valve at ``valve_position_pct`` (100 = open) and the pump at
         ``pump_speed_pct`` (default design speed). REFERENCE §4.4: ≈52 kW per K of approach
         with the defaults (41 °C → ≈208 kW at 45 °C). 0 when supply ≤ facility temperature.
+        For a row CDU it is the total over its racks.
         """
         n = pump_speed_pct if pump_speed_pct is not None else self._p.design_pump_speed_pct
         q = self._qmax * n / 100.0
@@ -928,10 +1202,12 @@ class CduPlant:
 
     def warm_start(
         self,
-        rack_power_w: float,
+        rack_power_w: float | Sequence[float],
         supply_setpoint_c: float | None = None,
         facility_supply_temp_c: float | None = None,
         pump_speed_pct: float | None = None,
+        *,
+        gpu_power_w: np.ndarray | Sequence[np.ndarray] | None = None,
     ) -> WarmStartResult:
         """Put the plant at the steady state where a valve position holds the setpoint.
 
@@ -939,11 +1215,13 @@ class CduPlant:
         and sensor lag is set to its steady value; pumps healthy, duty A at ``pump_speed_pct``
         (default design speed); valve command = position; remote control with a fresh
         heartbeat; energy counters reset. ``supply_setpoint_c`` also becomes the local-control
-        setpoint register. Plant time is not reset.
+        setpoint register. Plant time is not reset. ``rack_power_w`` and ``gpu_power_w`` are
+        as in `step` (with ``gpu_power_w`` the racks settle in GPU mode).
 
         Raises:
             ValueError: power outside [0, 2 × rack_max_power_w], setpoint outside 20–60 °C,
-                pump speed outside [pump_min_speed_pct, 100], non-finite input.
+                pump speed outside [pump_min_speed_pct, 100], non-finite input, wrong number
+                of per-rack values.
         """
         p = self._p
         sp = p.supply_temp_setpoint_c if supply_setpoint_c is None else supply_setpoint_c
@@ -951,8 +1229,8 @@ class CduPlant:
             p.facility_supply_temp_c if facility_supply_temp_c is None else facility_supply_temp_c
         )
         n_pct = p.design_pump_speed_pct if pump_speed_pct is None else pump_speed_pct
-        if not (0.0 <= rack_power_w <= self._p_in_max_w):
-            raise ValueError(f"rack_power_w {rack_power_w} outside [0, {self._p_in_max_w}]")
+        powers = self._rack_powers(rack_power_w)
+        gpus = self._gpu_powers(gpu_power_w)
         if not (20.0 <= sp <= 60.0):
             raise ValueError(f"supply setpoint {sp} °C outside 20–60 °C")
         if not (-20.0 <= t_fws <= 95.0):
@@ -962,7 +1240,7 @@ class CduPlant:
         n = n_pct / 100.0
         q = self._qmax * n
         cs = self._rhoc_s * q
-        q_liq = self._rack.params.liquid_fraction * rack_power_w / 1000.0
+        q_liq = self._rack.params.liquid_fraction * sum(powers) / 1000.0
         rise = q_liq / cs
 
         def t_ss_at(x: float) -> float:
@@ -998,7 +1276,11 @@ class CduPlant:
         self._q = q
         self._t_ss = t_ss
         self._sup = [t_ss] * p.pipe_tanks
-        t_r = self._rack.settle(t_ss, q, rack_power_w)
+        q_r = q * self._q_share
+        t_r = 0.0
+        for i, rack in enumerate(self._racks):
+            t_r += rack.settle(t_ss, q_r, powers[i], None if gpus is None else gpus[i])
+        t_r *= self._q_share
         self._ret = [t_r] * p.pipe_tanks
         self._q_hx = q_liq
         self._local = False
@@ -1022,7 +1304,7 @@ class CduPlant:
         p = self._p
         heat_sum = (
             p.cdu_volume_l * self._t_ss
-            + p.rack.fluid_volume_l * self._rack.t_out_c
+            + p.rack.fluid_volume_l * sum(r.t_out_c for r in self._racks)
             + self._v_tank * (sum(self._sup) + sum(self._ret))
         )
         dv = p.coolant_expansion_per_k * (heat_sum - self._v_inv0 * p.fill_temp_c) + (
@@ -1041,7 +1323,7 @@ class CduPlant:
         """Heat stored in the loop relative to 0 °C, kJ (CDU node, pipes, rack node)."""
         return (
             self._c_cdu * self._t_ss
-            + self._rack.stored_energy_kj()
+            + sum(r.stored_energy_kj() for r in self._racks)
             + self._c_tank * (sum(self._sup) + sum(self._ret))
         )
 
@@ -1052,20 +1334,74 @@ class CduPlant:
         self._zi = 0
         return self._z
 
-    def step(self, rack_power_w: float, facility_supply_temp_c: float, dt: float = 0.1) -> None:
+    def _rack_powers(self, rack_power_w: float | Sequence[float]) -> list[float]:
+        n = len(self._racks)
+        if isinstance(rack_power_w, int | float):
+            powers = [float(rack_power_w)] * n
+        else:
+            powers = [float(v) for v in rack_power_w]
+            if len(powers) != n:
+                raise ValueError(f"rack_power_w needs {n} values (one per rack), got {len(powers)}")
+        for v in powers:
+            if not (0.0 <= v <= self._p_in_max_w):
+                raise ValueError(f"rack_power_w {v} outside [0, {self._p_in_max_w}]")
+        return powers
+
+    def _gpu_powers(
+        self, gpu_power_w: np.ndarray | Sequence[np.ndarray] | None
+    ) -> list[np.ndarray] | None:
+        if gpu_power_w is None:
+            return None
+        n = len(self._racks)
+        arrs = [gpu_power_w] if isinstance(gpu_power_w, np.ndarray) else list(gpu_power_w)
+        if len(arrs) != n:
+            raise ValueError(f"gpu_power_w needs {n} arrays (one per rack), got {len(arrs)}")
+        out = []
+        for a in arrs:
+            a = np.asarray(a, dtype=float)
+            if not (a.size and a.min() >= 0.0 and math.isfinite(a.sum())):
+                raise ValueError("gpu_power_w must be finite and >= 0 W")
+            out.append(a)
+        return out
+
+    def step(
+        self,
+        rack_power_w: float | Sequence[float],
+        facility_supply_temp_c: float,
+        dt: float = 0.1,
+        *,
+        gpu_power_w: np.ndarray | Sequence[np.ndarray] | None = None,
+    ) -> None:
         """Advance the plant by ``dt`` s (REFERENCE §4.2 items 1–7, 9, 10).
 
         Args:
-            rack_power_w: rack IT power demand (before GPU throttling), W.
+            rack_power_w: rack IT power demand (before GPU throttling), W: one value (every
+                rack of a row CDU gets it) or one per rack.
             facility_supply_temp_c: facility water supply temperature, °C.
             dt: step, s (0 < dt ≤ 1).
+            gpu_power_w: per-GPU power demand, the GPU part of ``rack_power_w`` (an array of
+                shape ``(n_trays × gpus_per_tray,)``, or one per rack): the racks step in GPU
+                mode (`RackThermal.step_gpus`). None: the §4 hottest-GPU-per-tray model.
 
         Raises:
             ValueError: non-finite or out-of-range input (power outside
-                [0, 2 × rack_max_power_w], facility temperature outside −20–95 °C).
+                [0, 2 × rack_max_power_w], facility temperature outside −20–95 °C, wrong
+                number of per-rack values or GPU array shape); nothing changes.
         """
-        if not (0.0 <= rack_power_w <= self._p_in_max_w):
-            raise ValueError(f"rack_power_w {rack_power_w} outside [0, {self._p_in_max_w}]")
+        racks = self._racks
+        if len(racks) == 1 and isinstance(rack_power_w, int | float):
+            if not (0.0 <= rack_power_w <= self._p_in_max_w):
+                raise ValueError(f"rack_power_w {rack_power_w} outside [0, {self._p_in_max_w}]")
+            powers = [rack_power_w]
+        else:
+            powers = self._rack_powers(rack_power_w)
+        gpus = None if gpu_power_w is None else self._gpu_powers(gpu_power_w)
+        if gpus is not None:
+            for a in gpus:
+                if a.shape != (racks[0].n_gpus,):
+                    raise ValueError(
+                        f"gpu_power_w needs shape ({racks[0].n_gpus},), got {a.shape}"
+                    )
         if not (-20.0 <= facility_supply_temp_c <= 95.0):
             raise ValueError(f"facility_supply_temp_c {facility_supply_temp_c} outside −20–95 °C")
         if not (0.0 < dt <= 1.0):
@@ -1155,10 +1491,12 @@ class CduPlant:
         self._q_hx = q_hx
 
         # 4.–7. pipes (tanks in series), CDU node, rack: all from the state before the step
-        rack = self._rack
         t_ss0 = self._t_ss
         t_in0 = sup[-1]
-        t_r0 = rack.t_out_c
+        if len(racks) == 1:
+            t_r0 = racks[0].t_out_c
+        else:
+            t_r0 = sum(r.t_out_c for r in racks) * self._q_share
         a_t = cs * dt / self._c_tank
         if a_t > 1.0:
             a_t = 1.0
@@ -1168,7 +1506,20 @@ class CduPlant:
         sup[0] += (t_ss0 - sup[0]) * a_t
         ret[0] += (t_r0 - ret[0]) * a_t
         self._t_ss = t_ss0 + (cs * (t_rc - t_ss0) - q_hx) * dt / self._c_cdu
-        p_liq = rack.step(t_in0, q, rack_power_w, dt)
+        if gpus is None and len(racks) == 1:  # the §4 model, valvey's lock-step: keep it lean
+            rack = racks[0]
+            p_liq = rack.step(t_in0, q, powers[0], dt)
+            p_it_kw = rack.power_w * 0.001
+        else:
+            q_r = q * self._q_share
+            p_liq = 0.0
+            p_it_kw = 0.0
+            for i, rack in enumerate(racks):
+                if gpus is None:
+                    p_liq += rack.step(t_in0, q_r, powers[i], dt)
+                else:
+                    p_liq += rack.step_gpus(t_in0, q_r, powers[i], gpus[i], dt)
+                p_it_kw += rack.power_w * 0.001
 
         # 9. inventory (leak) and static pressure
         if self._leak_lps:
@@ -1177,7 +1528,7 @@ class CduPlant:
 
         # energy counters (kJ)
         self._ce_liq += p_liq * dt
-        self._ce_air += (rack.power_w * 0.001 - p_liq) * dt
+        self._ce_air += (p_it_kw - p_liq) * dt
         self._ce_hx += q_hx * dt
         self._ce_pump += pump_kw * dt
 
@@ -1315,19 +1666,37 @@ class CduPlant:
         }
 
     def truth(self) -> CduTruth:
-        """The true state (see `CduTruth`)."""
-        rack = self._rack
-        tjs = rack.gpu_tj_c
+        """The true state (see `CduTruth`); rack figures are totals (powers, counts) or the
+        mixed value (outlet temperature) over the CDU's racks, ``gpu_tj_c`` lists every rack's
+        trays in rack order."""
+        racks = self._racks
+        rack = racks[0]
+        if len(racks) == 1:
+            tjs = rack.gpu_tj_c
+            n_slow = rack.throttled_trays
+            n_off = rack.shutdown_trays
+            p_it = rack.power_w
+            p_dem = rack.demand_w
+            liq = rack.liquid_kw
+            t_out = rack.t_out_c
+            events = rack.throttle_events
+        else:
+            tjs = tuple(t for r in racks for t in r.gpu_tj_c)
+            n_slow = sum(r.throttled_trays for r in racks)
+            n_off = sum(r.shutdown_trays for r in racks)
+            p_it = sum(r.power_w for r in racks)
+            p_dem = sum(r.demand_w for r in racks)
+            liq = sum(r.liquid_kw for r in racks)
+            t_out = sum(r.t_out_c for r in racks) * self._q_share
+            events = sum(r.throttle_events for r in racks)
         hottest = max(tjs)
-        n_slow = rack.throttled_trays
-        n_off = rack.shutdown_trays
         q = self._q
         return CduTruth(
             time_s=self._t,
             supply_temp_c=self._t_ss,
             return_temp_c=self._ret[-1],
             rack_inlet_temp_c=self._sup[-1],
-            rack_outlet_temp_c=rack.t_out_c,
+            rack_outlet_temp_c=t_out,
             facility_supply_temp_c=self._t_fws,
             flow_lps=q,
             flow_lpm=q * 60.0,
@@ -1337,9 +1706,9 @@ class CduPlant:
             diff_pressure_kpa=self._k_sys * q * q,
             loop_pressure_kpa=self._p_loop,
             q_hx_kw=self._q_hx,
-            rack_power_w=rack.power_w,
-            rack_power_demand_w=rack.demand_w,
-            air_heat_kw=rack.power_w * 0.001 - rack.liquid_kw,
+            rack_power_w=p_it,
+            rack_power_demand_w=p_dem,
+            air_heat_kw=p_it * 0.001 - liq,
             gpu_tj_c=tjs,
             hottest_gpu_tj_c=hottest,
             t_limit_margin_c=rack.params.gpu_max_operating_temp_c - hottest,
@@ -1347,7 +1716,7 @@ class CduPlant:
             gpu_shutdown=n_off > 0,
             throttled_trays=n_slow,
             shutdown_trays=n_off,
-            throttle_events=rack.throttle_events,
+            throttle_events=events,
             pumps=tuple(
                 PumpState(
                     speed_pct=100.0 * n,
@@ -1457,5 +1826,6 @@ class CduPlant:
             self._enter_local()
 
     def reset_gpus(self) -> None:
-        """Power shut-down GPUs back on and clear throttling (operator action)."""
-        self._rack.reset_gpus()
+        """Power shut-down GPUs back on and clear throttling (operator action), every rack."""
+        for r in self._racks:
+            r.reset_gpus()

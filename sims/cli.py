@@ -1,4 +1,4 @@
-"""rack-sim: run the simulators in real time behind real protocols, or list scenarios."""
+"""rack-sim: run the virtual rack in real time behind real protocols, or list scenarios."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from rackplane.errors import ConfigError
 from rackplane.log import configure_logging
 from rackplane.service import run_daemon
 from rackplane.settings import Identity, MqttSettings
-from sims.runtime import CduSimulator
-from sims.scenario import list_scenarios, load_scenario
+from sims.runtime import VirtualRackSimulator
+from sims.scenario import FabricSpec, list_scenarios, load_scenario
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 
@@ -35,7 +35,25 @@ def run(
         str, typer.Option(help="listen address of the CDU's Modbus TCP")
     ] = "127.0.0.1",
     modbus_port: Annotated[int, typer.Option(help="Modbus TCP port (0: pick a free one)")] = 5020,
-    unit_id: Annotated[int, typer.Option(min=0, max=255)] = 1,
+    unit_id: Annotated[int, typer.Option(min=0, max=255, help="the CDU's unit id")] = 1,
+    shelf_modbus_port: Annotated[
+        int, typer.Option(help="power shelves' Modbus TCP port (0: pick a free one; -1: none)")
+    ] = 0,
+    shelf_unit_base: Annotated[
+        int, typer.Option(min=0, max=247, help="unit id of shelf 0; shelf i answers base+i")
+    ] = 1,
+    model: Annotated[
+        str, typer.Option(help="rack: the whole virtual rack; cdu: the CDU model only")
+    ] = "rack",
+    fabric: Annotated[
+        str | None, typer.Option(help="link fabric auto | on | off (default: the scenario's)")
+    ] = None,
+    telemetry_interval: Annotated[
+        float, typer.Option(min=0.1, help="MQTT telemetry period, s")
+    ] = 1.0,
+    link_ports: Annotated[
+        bool, typer.Option(help="include every GPU's link ports in telemetry/trayNN")
+    ] = True,
     mqtt_host: Annotated[
         str | None, typer.Option(help="broker for plant telemetry (none: off)")
     ] = None,
@@ -51,10 +69,20 @@ def run(
     log_level: Annotated[str, typer.Option()] = "info",
     log_format: Annotated[str, typer.Option(help="auto | console | json")] = "auto",
 ) -> None:
-    """Run a scenario in real time: a Modbus TCP CDU, plant truth on MQTT if a broker is set."""
+    """Run a scenario in real time: Modbus TCP CDU and power shelves; telemetry, ground truth
+    and node-agent commands on MQTT when a broker is set (docs/SIMULATORS.md)."""
     configure_logging(log_level, log_format)  # type: ignore[arg-type]
     try:
+        if model not in ("rack", "cdu"):
+            raise ValueError(f"--model must be rack or cdu, not {model!r}")
+        if fabric is not None and fabric not in ("auto", "on", "off"):
+            raise ValueError(f"--fabric must be auto, on or off, not {fabric!r}")
         sc = load_scenario(scenario)
+        if fabric is not None:
+            sc = sc.model_copy(update={"fabric": FabricSpec(
+                enabled=fabric,
+                step_s=sc.fabric.step_s if sc.fabric else 1.0,
+            )})
         ident = Identity(site=site, row=row, rack=rack)
         mqtt = (
             MqttSettings(host=mqtt_host, port=mqtt_port, protocol=mqtt_protocol, clean_session=True)
@@ -68,19 +96,28 @@ def run(
         Console(stderr=True).print(f"invalid option: {err}", markup=False)
         raise typer.Exit(2) from None
     try:
-        sim = CduSimulator(
+        n_shelves = sc.power.shelves if sc.power else 8
+        sim = VirtualRackSimulator(
             sc,
             modbus_host=modbus_host,
             modbus_port=modbus_port,
             unit_id=unit_id,
+            shelf_modbus_port=None if shelf_modbus_port < 0 else shelf_modbus_port,
+            shelf_unit_ids=list(range(shelf_unit_base, shelf_unit_base + n_shelves)),
             mqtt=mqtt,
             identity=ident,
             exit_at_end=exit_at_end,
             ground_truth_path=ground_truth,
+            model=model,  # type: ignore[arg-type]
+            telemetry_interval_s=telemetry_interval,
+            link_ports=link_ports,
         )
     except ConfigError as err:
         fail_config(err)
         return
+    except (ValueError, RuntimeError) as err:
+        Console(stderr=True).print(f"cannot start the simulator: {err}", markup=False)
+        raise typer.Exit(2) from None
     code = run_async(lambda: run_daemon(sim, "rack-sim"))
     raise typer.Exit(code)
 

@@ -1,12 +1,28 @@
-"""The simulator in real time behind real protocols (DESIGN §4).
+"""The virtual rack in real time behind real protocols (DESIGN §4).
 
-The plant (`ScenarioRun`) steps at 10 Hz on the monotonic clock; after each step its readings
-are served by a Modbus TCP face built from the same register map the daemons read, and
-client writes (valve command, pump speed, heartbeat, local setpoint) go into the plant. With
-a broker configured, the plant's truth and the scenario inputs are published once a second on
-``rackplane/<site>/<rack>/sim/telemetry/plant`` (QoS 0), and the scenario's progress on the
-retained ``.../sim/state/scenario``; fault starts and ends go to ``.../sim/state/faults``
-(retained, the ground truth for scoring detection).
+The plant (`sims.scenario.ScenarioRun`, the whole virtual rack by default) steps at 10 Hz on
+the monotonic clock. After each step:
+
+* the CDU's readings are served by a Modbus TCP face built from ``cdu-generic`` (the register
+  map valvey reads; client writes: valve command, pump speed, heartbeat, local setpoint go
+  into the plant), on ``modbus_port`` / ``unit_id``;
+* the power shelves are served by a second face from ``power-shelf``, one unit id per shelf
+  (default 1..8), on ``shelf_modbus_port`` (0: a free port, see ``state/faces``);
+* with a broker configured, once per ``telemetry_interval_s`` (1 s): ``telemetry/plant``
+  (CDU truth, as the first CDU simulator published it), ``telemetry/rack``, one
+  ``telemetry/trayNN`` per compute tray (its node agent, 4 GPUs and their link ports),
+  ``telemetry/power``, ``telemetry/env``; retained ``state/scenario``, ``state/faults`` (the
+  ground truth), ``state/faces`` and ``state/node_agents`` (on change). The node agents take
+  ``cmd/<user>/set_power_limits`` and ``get_power_limits`` (rackplane's command envelope and
+  reply; the contract racky uses). Payloads: `sims.telemetry` (JSON Schemas in
+  ``sims/schemas``; docs/SIMULATORS.md).
+
+Protocol faults of the scenario (`ScenarioRun.protocol`) are applied to the faces and
+publishers as they start and end: exception replies, half-open connections, slow replies,
+unimplemented-register gaps, a per-request register limit, sentinel raw values, stopped
+publishers. A reading that is NaN (a dropped transmitter) is served as NaN by a float
+register and as its sentinel by an integer register with one; an integer register without a
+sentinel keeps its last value.
 """
 
 from __future__ import annotations
@@ -14,33 +30,112 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
-from rackplane.errors import WriteRejected
+from rackplane.commands import CommandContext, CommandRouter
+from rackplane.errors import CommandError, WriteRejected
 from rackplane.log import get_logger
 from rackplane.mqtt import MqttLink
-from rackplane.registers import RegisterMap, load_register_map
+from rackplane.registers import RegisterMap, encode_value, load_register_map
 from rackplane.service import TickStats, run_ticker
-from rackplane.settings import Identity, MqttSettings
+from rackplane.settings import CommandSettings, Identity, MqttSettings
 from sims.modbus_face import ModbusFace
-from sims.scenario import Scenario, ScenarioRun
+from sims.scenario import ModbusFaultState, Scenario, ScenarioRun
+from sims.telemetry import (
+    GetPowerLimitsArgs,
+    SetPowerLimitsArgs,
+    env_payload,
+    node_agents_payload,
+    power_payload,
+    rack_payload,
+    tray_payloads,
+)
+
+__all__ = ["SIM_DT_S", "CduSimulator", "VirtualRackSimulator", "encode_readings"]
 
 SIM_DT_S = 0.1
 
 
-class CduSimulator:
-    """A CDU (and its rack's heat) in real time: Modbus face + optional MQTT publisher.
+def encode_readings(
+    regmap: RegisterMap,
+    values: Mapping[str, float],
+    sentinel_points: frozenset[str] | set[str] = frozenset(),
+) -> tuple[dict[str, float], dict[str, list[int]], list[str]]:
+    """Split plant readings into what `ModbusFace.update` takes and raw registers.
+
+    Returns ``(values, raw, held)``: encodable engineering values; raw registers for
+    sentinels (a NaN reading of an integer point with a sentinel, or a point in
+    ``sentinel_points``); names of points neither can represent (NaN without a sentinel, or
+    out of the type's range), which keep their last registers. Points not in the map are
+    ignored.
+    """
+    ok: dict[str, float] = {}
+    raw: dict[str, list[int]] = {}
+    held: list[str] = []
+    by_name = regmap.by_name
+    for name, v in values.items():
+        p = by_name.get(name)
+        if p is None:
+            continue
+        if name in sentinel_points and p.sentinels:
+            raw[name] = _sentinel_regs(p.sentinels[0], p.words, p.order)
+            continue
+        if not math.isfinite(v) and p.type not in ("float32", "float64"):
+            if p.sentinels:
+                raw[name] = _sentinel_regs(p.sentinels[0], p.words, p.order)
+            else:
+                held.append(name)
+            continue
+        try:
+            encode_value(p, v)
+        except ValueError:
+            held.append(name)
+            continue
+        ok[name] = v
+    return ok, raw, held
+
+
+def _sentinel_regs(raw_u: int, words: int, order: str) -> list[int]:
+    regs = [(raw_u >> (16 * (words - 1 - i))) & 0xFFFF for i in range(words)]
+    if order in ("CDAB", "DCBA"):
+        regs.reverse()
+    if order in ("BADC", "DCBA"):
+        regs = [((r & 0xFF) << 8) | (r >> 8) for r in regs]
+    return regs
+
+
+class VirtualRackSimulator:
+    """The virtual rack in real time: Modbus faces (CDU, power shelves) + MQTT.
 
     Args:
         scenario: what to run.
         modbus_host, modbus_port, unit_id: where the CDU answers (port 0 picks a free one).
-        mqtt: broker to publish plant truth on (None: no MQTT).
-        identity: site/row/rack of the topics.
-        register_map: the CDU map (default: the bundled ``cdu-generic``).
-        exit_at_end: stop when the scenario's duration is reached (else hold the last inputs).
+        shelf_modbus_port: where the power shelves answer (0: a free port; None: no shelf
+            face). Only with the rack model.
+        shelf_unit_ids: unit id of each shelf (default 1..shelves).
+        mqtt: broker to publish on (None: no MQTT).
+        identity: site/row/rack of the topics and payloads.
+        register_map, shelf_register_map: the maps (default: bundled ``cdu-generic`` and
+            ``power-shelf``).
+        exit_at_end: stop when the scenario's duration is reached (else keep running on the
+            scenario's last inputs).
         ground_truth_path: where to write the faults' ground truth (JSON) at the end.
+        clock: monotonic for the 10 Hz tick, wall for payload timestamps.
+        model: ``rack`` (default: the whole virtual rack) or ``cdu`` (the §4 model only: no
+            shelf face, trays, power or env telemetry).
+        telemetry_interval_s: publish period, s.
+        link_ports: include every GPU's link ports in ``telemetry/trayNN``.
+        commands: roles for the node-agent commands (default: every broker user is
+            ``automation``, so racky and any lab tool may command the agents).
+
+    Raises:
+        ValueError: ``model="cdu"`` for a scenario that needs the rack, bad unit ids.
+        ConfigError: a register map cannot be loaded.
     """
 
     def __init__(
@@ -50,17 +145,25 @@ class CduSimulator:
         modbus_host: str = "127.0.0.1",
         modbus_port: int = 5020,
         unit_id: int = 1,
+        shelf_modbus_port: int | None = 0,
+        shelf_unit_ids: Sequence[int] | None = None,
         mqtt: MqttSettings | None = None,
         identity: Identity | None = None,
         register_map: RegisterMap | None = None,
+        shelf_register_map: RegisterMap | None = None,
         exit_at_end: bool = False,
         ground_truth_path: Path | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        model: Literal["rack", "cdu"] = "rack",
+        telemetry_interval_s: float = 1.0,
+        link_ports: bool = True,
+        commands: CommandSettings | None = None,
     ):
         self.scenario = scenario
-        self.run_ = ScenarioRun(scenario)
+        self.run_ = ScenarioRun(scenario, model=model)
+        self.rack = self.run_.rack
         self.clock = clock
-        self.log = get_logger("sims.cdu", scenario=scenario.name)
+        self.log = get_logger("sims.rack", scenario=scenario.name)
         self.regmap = register_map or load_register_map("cdu-generic")
         self._points = {p.name for p in self.regmap.points}
         self.face = ModbusFace(
@@ -70,16 +173,54 @@ class CduSimulator:
             port=modbus_port,
             on_write=self._on_write,
         )
+        self.shelf_face: ModbusFace | None = None
+        self.shelf_regmap: RegisterMap | None = None
+        self.shelf_unit_ids: tuple[int, ...] = ()
+        if self.rack is not None and shelf_modbus_port is not None:
+            n = self.rack.shelves.params.shelves
+            units = tuple(shelf_unit_ids) if shelf_unit_ids is not None else tuple(
+                range(1, n + 1)
+            )
+            if len(units) != n or len(set(units)) != n:
+                raise ValueError(f"shelf_unit_ids needs {n} distinct unit ids, got {units!r}")
+            self.shelf_regmap = shelf_register_map or load_register_map("power-shelf")
+            self.shelf_unit_ids = units
+            self.shelf_face = ModbusFace(
+                self.shelf_regmap, unit_ids=units, host=modbus_host, port=shelf_modbus_port
+            )
         self.identity = identity or Identity()
         self.mqtt = MqttLink(mqtt, self.identity, "sim", clock=clock) if mqtt else None
+        self.router: CommandRouter | None = None
+        if self.mqtt is not None and self.rack is not None:
+            self.router = CommandRouter(
+                self.mqtt,
+                commands or CommandSettings(default_role="automation"),
+                clock=clock,
+            )
+            self.router.register(
+                "set_power_limits", SetPowerLimitsArgs, self._set_power_limits, role="automation"
+            )
+            self.router.register(
+                "get_power_limits", GetPowerLimitsArgs, self._get_power_limits, role="reader"
+            )
+            self.router.attach()
+        if not telemetry_interval_s > 0.0:
+            raise ValueError("telemetry_interval_s must be > 0")
+        self.telemetry_interval_s = telemetry_interval_s
+        self.link_ports = link_ports
         self.exit_at_end = exit_at_end
         self.ground_truth_path = ground_truth_path
         self.tick_stats = TickStats()
         self.rejected_writes = 0
         self._next_publish = 0.0
         self._announced_end = False
-        self._faults_published = 0
+        self._faults_published = -1
+        self._agents_version = -1
+        self._protocol_version = -1
         self._local = False
+        self._held: set[str] = set()
+
+    # --- Modbus -------------------------------------------------------------------------------
 
     def _on_write(self, point: str, value: float) -> None:
         try:
@@ -88,9 +229,24 @@ class CduSimulator:
             self.rejected_writes += 1
             self.log.warning("plant_write_rejected", point=point, value=value, error=str(err))
 
-    def _serve(self) -> None:
+    def _update(self, face: ModbusFace, regmap: RegisterMap, values: Mapping[str, float],
+                unit: int | None = None) -> None:
+        ok, raw, held = encode_readings(regmap, values, self.run_.protocol.sentinel_points)
+        face.update(ok, unit=unit)
+        for name, regs in raw.items():
+            p = regmap.by_name[name]
+            face.set_registers(p.table, p.address, regs, unit=unit)
+        new_held = set(held) - self._held
+        if new_held:
+            self.log.warning("modbus_value_held", points=sorted(new_held),
+                             note="not representable; the register keeps its last value")
+        self._held = set(held)
+
+    def serve(self) -> None:
+        """Push the plant's current readings to the Modbus faces (done after every tick)."""
         readings = self.run_.plant.readings()
-        self.face.update({k: v for k, v in readings.items() if k in self._points})
+        self._update(self.face, self.regmap, {k: v for k, v in readings.items()
+                                              if k in self._points})
         local = bool(readings.get("local_control", 0.0))
         if local != self._local:
             self._local = local
@@ -99,45 +255,132 @@ class CduSimulator:
                 local_control=local,
                 note="heartbeat lost" if local else "heartbeat back",
             )
+        if self.shelf_face is not None and self.rack is not None and self.shelf_regmap:
+            sh = self.rack.shelves
+            for i, u in enumerate(self.shelf_unit_ids):
+                self._update(self.shelf_face, self.shelf_regmap, sh.shelf_readings(i), unit=u)
+
+    def apply_protocol(self) -> None:
+        """Apply the scenario's protocol faults to the faces when they changed (every tick)."""
+        pr = self.run_.protocol
+        if pr.version == self._protocol_version:
+            return
+        self._protocol_version = pr.version
+        for device, face in (("cdu", self.face), ("power", self.shelf_face)):
+            if face is None:
+                continue
+            st: ModbusFaultState = pr.modbus[device]
+            face.blackhole = st.blackhole
+            face.reply_delay_s = st.reply_delay_s
+            face.max_registers_per_request = st.max_registers
+            face.clear_exceptions()
+            for code, unit, table, address, count in st.exceptions.values():
+                face.inject_exception(code, unit=unit, table=table,  # type: ignore[arg-type]
+                                      address=address, count=count)
+        if pr.version == 0:
+            return  # the initial (healthy) state: nothing to report
+        self.log.info(
+            "protocol_faults",
+            cdu=_describe(pr.modbus["cdu"]),
+            power=_describe(pr.modbus["power"]),
+            sentinels=sorted(pr.sentinel_points),
+            mqtt_stopped=sorted(pr.mqtt_stopped),
+        )
+
+    # --- node-agent commands ------------------------------------------------------------------
+
+    def _check_trays(self, trays: Sequence[int]) -> None:
+        assert self.rack is not None
+        n = self.rack.compute.n_trays
+        bad = [t for t in trays if not 0 <= t < n]
+        if bad:
+            raise CommandError("unknown_tray", f"trays {bad} do not exist (0..{n - 1})")
+
+    def _set_power_limits(self, args: SetPowerLimitsArgs, ctx: CommandContext
+                          ) -> dict[str, Any]:
+        assert self.rack is not None
+        agents = self.rack.agents
+        self._check_trays(args.trays)
+        changes = {f: getattr(args, f) for f in args.model_fields_set if f != "trays"}
+        if changes.get("power_floor_pct", 0.0) is None:
+            changes["power_floor_pct"] = 0.0
+        if changes.get("ramp_down_hysteresis_s", 0.0) is None:
+            changes["ramp_down_hysteresis_s"] = 0.0
+        if changes.get("powered", True) is None:
+            changes["powered"] = True
+        new = {t: replace(agents.settings(t), **changes) for t in args.trays}
+        for s in new.values():  # validate all before changing any
+            try:
+                agents.validate(s)
+            except ValueError as err:
+                raise CommandError("out_of_range", str(err)) from None
+        for t, s in new.items():
+            agents.configure(t, s)
+        self.log.info("node_agents_set", user=ctx.user, trays=list(args.trays), changes=changes)
+        return node_agents_payload(self.rack, sorted(set(args.trays)))
+
+    def _get_power_limits(self, args: GetPowerLimitsArgs, ctx: CommandContext
+                          ) -> dict[str, Any]:
+        assert self.rack is not None
+        if args.trays is not None:
+            self._check_trays(args.trays)
+        return node_agents_payload(self.rack, args.trays)
+
+    # --- ticking and publishing ---------------------------------------------------------------
 
     def _tick(self, now: float, done: asyncio.Event) -> None:
         run = self.run_
-        if run.done:
-            if not self._announced_end:
-                self._announced_end = True
-                self.log.info("scenario_complete", t_s=round(run.t_s, 1))
-                self._write_ground_truth()
-                if self.exit_at_end:
-                    done.set()
-            # Past the end, the plant keeps running on the scenario's last inputs.
-            run.plant.step(run.rack_power_w, run.facility_supply_temp_c, SIM_DT_S)
-        else:
-            run.step(SIM_DT_S)
-        self._serve()
+        if run.done and not self._announced_end:
+            self._announced_end = True
+            self.log.info("scenario_complete", t_s=round(run.t_s, 1))
+            self._write_ground_truth()
+            if self.exit_at_end:
+                done.set()
+        run.step(SIM_DT_S)  # past the end: the scenario's last inputs, no new faults
+        self.apply_protocol()
+        self.serve()
         if self.mqtt is not None and now >= self._next_publish:
-            self._next_publish = now + 1.0
+            self._next_publish = now + self.telemetry_interval_s
             self._publish()
 
     def _publish(self) -> None:
         assert self.mqtt is not None
         run = self.run_
-        tr = run.plant.truth()
-        self.mqtt.publish_telemetry(
-            "plant",
-            {
-                "t_s": round(run.t_s, 3),
-                "rack_power_w": tr.rack_power_w,
-                "facility_supply_temp_c": tr.facility_supply_temp_c,
-                "supply_temp_c": tr.supply_temp_c,
-                "return_temp_c": tr.return_temp_c,
-                "flow_lpm": tr.flow_lpm,
-                "valve_position_pct": tr.valve_position_pct,
-                "valve_command_pct": tr.valve_command_pct,
-                "hottest_gpu_tj_c": tr.hottest_gpu_tj_c,
-                "local_control": tr.local_control,
-                "ts_ns": self.clock.wall_ns(),
-            },
-        )
+        pr = run.protocol
+        ts = self.clock.wall_ns()
+        ident = self.identity
+        if pr.publishing("plant"):
+            tr = run.plant.truth()
+            self.mqtt.publish_telemetry(
+                "plant",
+                {
+                    "t_s": round(run.t_s, 3),
+                    "rack_power_w": tr.rack_power_w,
+                    "facility_supply_temp_c": tr.facility_supply_temp_c,
+                    "supply_temp_c": tr.supply_temp_c,
+                    "return_temp_c": tr.return_temp_c,
+                    "flow_lpm": tr.flow_lpm,
+                    "valve_position_pct": tr.valve_position_pct,
+                    "valve_command_pct": tr.valve_command_pct,
+                    "hottest_gpu_tj_c": tr.hottest_gpu_tj_c,
+                    "local_control": tr.local_control,
+                    "ts_ns": ts,
+                },
+            )
+        vr = self.rack
+        if vr is not None:
+            if pr.publishing("rack"):
+                self.mqtt.publish_telemetry("rack", rack_payload(vr, ident, ts))
+            if pr.publishing("trays"):
+                for thing, payload in tray_payloads(vr, ident, ts, ports=self.link_ports):
+                    self.mqtt.publish_telemetry(thing, payload)
+            if pr.publishing("power"):
+                self.mqtt.publish_telemetry("power", power_payload(vr, ident, ts))
+            if pr.publishing("env"):
+                self.mqtt.publish_telemetry("env", env_payload(vr, ident, ts))
+            if vr.agents.version != self._agents_version:
+                self._agents_version = vr.agents.version
+                self.mqtt.publish_state("node_agents", node_agents_payload(vr))
         self.mqtt.publish_state(
             "scenario",
             {
@@ -151,6 +394,20 @@ class CduSimulator:
             self._faults_published = len(run.ground_truth)
             self.mqtt.publish_state("faults", {"faults": self.ground_truth()})
 
+    def faces_state(self) -> dict[str, Any]:
+        """Where the Modbus faces answer (``state/faces``)."""
+        out: dict[str, Any] = {
+            "cdu": {"host": self.face.host, "port": self.face.port,
+                    "unit_ids": list(self.face.unit_ids),
+                    "register_map": self.regmap.device.name},
+            "power": None,
+        }
+        if self.shelf_face is not None and self.shelf_regmap is not None:
+            out["power"] = {"host": self.shelf_face.host, "port": self.shelf_face.port,
+                            "unit_ids": list(self.shelf_unit_ids),
+                            "register_map": self.shelf_regmap.device.name}
+        return out
+
     def ground_truth(self) -> list[dict[str, Any]]:
         """Faults injected so far, with plant-time start and end (s)."""
         return [
@@ -161,27 +418,40 @@ class CduSimulator:
     def _write_ground_truth(self) -> None:
         if self.ground_truth_path is not None:
             self.ground_truth_path.write_text(
-                json.dumps(
-                    {
-                        "scenario": self.scenario.name,
-                        "faults": self.ground_truth(),
-                    },
-                    indent=2,
-                )
+                json.dumps({"scenario": self.scenario.name, "faults": self.ground_truth()},
+                           indent=2)
             )
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until ``stop`` is set (or the scenario ends with ``exit_at_end``)."""
-        self._serve()
+        """Serve until ``stop`` is set (or the scenario ends with ``exit_at_end``).
+
+        Raises:
+            OSError: a Modbus port cannot be bound.
+        """
+        self.apply_protocol()
+        self.serve()
         await self.face.start()
+        try:
+            if self.shelf_face is not None:
+                await self.shelf_face.start()
+        except BaseException:
+            await self.face.stop()
+            raise
         self.log.info(
             "simulator_started",
             scenario=self.scenario.name,
+            model=self.run_.model,
             modbus_port=self.face.port,
+            shelf_modbus_port=self.shelf_face.port if self.shelf_face else None,
+            fabric=self.rack.has_fabric if self.rack is not None else False,
             duration_s=self.scenario.duration_s,
-            load=self.run_.load.describe(),
+            load=self.run_.load.describe()
+            if self.rack is None
+            else self.rack.workload.describe(),
             mqtt=(f"{self.mqtt.settings.host}:{self.mqtt.settings.port}" if self.mqtt else None),
         )
+        if self.mqtt is not None:
+            self.mqtt.publish_state("faces", self.faces_state())
         done = asyncio.Event()
         async with asyncio.TaskGroup() as tg:
             mqtt_task = tg.create_task(self.mqtt.run(), name="mqtt") if self.mqtt else None
@@ -200,6 +470,8 @@ class CduSimulator:
                 await ticker
             self._write_ground_truth()
             await self.face.stop()
+            if self.shelf_face is not None:
+                await self.shelf_face.stop()
             if self.mqtt is not None and mqtt_task is not None:
                 await self.mqtt.stop()
                 mqtt_task.cancel()
@@ -209,3 +481,16 @@ class CduSimulator:
 
     def reload(self) -> None:
         self.log.info("reload_ignored", note="the simulator has no reloadable config")
+
+
+CduSimulator = VirtualRackSimulator
+"""The first simulator's name (a CDU only); the virtual rack serves the same CDU face."""
+
+
+def _describe(st: ModbusFaultState) -> dict[str, Any]:
+    return {
+        "half_open": st.blackhole,
+        "reply_delay_s": st.reply_delay_s,
+        "max_registers": st.max_registers,
+        "exceptions": [list(e) for e in st.exceptions.values()],
+    }

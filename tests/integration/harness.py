@@ -24,7 +24,11 @@ from rackplane.settings import Identity, MqttSettings
 
 @dataclass
 class Proc:
-    """A daemon or simulator process with its log file."""
+    """A daemon or simulator process with its log file.
+
+    Every started process is remembered in `STARTED` so the ``reap`` fixture can stop it at
+    teardown, whatever the test did (a leaked simulator would load every later test).
+    """
 
     name: str
     argv: list[str]
@@ -33,6 +37,7 @@ class Proc:
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Proc:
+        STARTED.append(self)
         fh = self.log.open("ab")
         env = {**os.environ, **(self.env or {})}
         self.proc = subprocess.Popen(self.argv, stdout=fh, stderr=subprocess.STDOUT, env=env)
@@ -69,6 +74,15 @@ class Proc:
                 if isinstance(obj, dict):
                     out.append(obj)
         return out
+
+
+STARTED: list[Proc] = []
+
+
+def reap_all() -> None:
+    """Stop every process a test started (SIGTERM, then SIGKILL)."""
+    while STARTED:
+        STARTED.pop().stop()
 
 
 def sim_proc(tmp: Path, modbus_port: int, mqtt_port: int, scenario: str, rack: str) -> Proc:

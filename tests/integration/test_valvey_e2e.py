@@ -119,7 +119,8 @@ async def test_valvey_controls_the_cdu_end_to_end(
             # stale_after_s 3 s + 3 periods of 1 s, plus one state publication period.
             assert to_failsafe <= 3 + 3 + 2, to_failsafe
             assert w.last_loop()["valve_command_pct"] == 100.0
-            assert "supply_pv_invalid" in w.rec.alarms
+            await w.until(lambda: "supply_pv_invalid" in w.rec.alarms, 10,
+                          "the supply_pv_invalid alarm on MQTT", valvey)
             assert w.last_loop()["pv_status"] in ("stale", "missing", "bad")
             await asyncio.sleep(2)
             assert valvey.alive()

@@ -72,6 +72,8 @@ PURE = [
     "rackplane/samples.py", "rackplane/registers.py", "rackplane/pid.py", "rackplane/alarms.py",
     "rackplane/spool.py", "valvey/supply_loop.py", "valvey/core.py", "sims/cdu.py",
     "sims/loads.py", "sims/sensors.py", "sims/scenario.py", "sims/metrics.py",
+    "sims/rack.py", "sims/power.py", "sims/environment.py", "sims/workloads.py", "sims/row.py",
+    "sims/fabric.py", "sims/link_harness.py",
 ]
 IO = {"asyncio", "socket", "aiomqtt", "paho", "pymodbus", "influxdb_client", "urllib",
       "http", "rackplane.mqtt", "rackplane.modbus", "rackplane.tsdb", "rackplane.service"}

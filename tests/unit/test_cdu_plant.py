@@ -12,6 +12,7 @@ import statistics
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rackplane.config import validate_data
@@ -612,3 +613,78 @@ def test_params_errors_name_the_key_and_rack_power_scales() -> None:
         # GPU power scales too (1.2 kW × P/132 kW): above ≈1.4 kW the §4.3 plate (0.025 K/W)
         # breaks REFERENCE §1.6's junction budget, so Rubin needs its own plate figures
         assert plant.truth().gpu_tj_c[0] > 45.0
+
+
+# --- per-GPU mode, fouled plates and row CDUs (issue 3) -----------------------------------------
+
+
+def test_gpu_mode_at_uniform_power_is_the_ref_4_4_model() -> None:
+    # Per-GPU power equal to the §4 GPU share gives the §4 model's temperatures exactly.
+    for kw in (40.0, 132.0):
+        legacy = CduPlant(CduParams(), seed=1)
+        legacy.warm_start(kw * 1000.0)
+        gpu = CduPlant(CduParams(), seed=1)
+        share = gpu.params.rack.gpu_max_power_w / gpu.params.rack.rack_max_power_w
+        g = np.full(72, kw * 1000.0 * share)
+        gpu.warm_start(kw * 1000.0, gpu_power_w=g)
+        Runner(legacy).run(60.0, kw * 1000.0)
+        r = Runner(gpu)
+        for _ in range(600):
+            if r.since_hb_s >= 1.0 - 1e-9:
+                r.hb += 1
+                gpu.write("heartbeat", r.hb)
+                r.since_hb_s = 0.0
+            r.since_hb_s += DT
+            gpu.step(kw * 1000.0, 40.0, DT, gpu_power_w=g)
+        a, b = legacy.truth(), gpu.truth()
+        assert b.hottest_gpu_tj_c == pytest.approx(a.hottest_gpu_tj_c, abs=1e-9)
+        assert b.supply_temp_c == pytest.approx(a.supply_temp_c, abs=1e-9)
+        assert b.rack_power_w == pytest.approx(a.rack_power_w)
+        assert gpu.racks[0].gpu_mode and not legacy.racks[0].gpu_mode
+
+
+def test_gpu_mode_throttles_one_gpu_and_the_rack_heat_falls_by_its_loss() -> None:
+    plant = CduPlant(CduParams(), seed=1)
+    rack = plant.racks[0]
+    g = np.full(72, 1200.0)
+    plant.warm_start(132_000.0, gpu_power_w=g)
+    rack.set_conductance_factor(5, 0.35)  # tray 5's four plates foul
+    for k in range(600):
+        plant.write("heartbeat", k)  # a live controller
+        plant.step(132_000.0, 40.0, DT, gpu_power_w=g)
+    throttled = rack.gpu_throttled
+    assert throttled[20:24].all() and throttled.sum() == 4
+    drawn = rack.gpu_power_drawn_w
+    assert plant.truth().rack_power_w == pytest.approx(132_000.0 - float((g - drawn).sum()))
+    assert rack.gpu_junction_temps_c[20:24].min() > rack.gpu_junction_temps_c[:20].max()
+    assert plant.truth().throttle_events == 4
+    with pytest.raises(ValueError):
+        rack.set_conductance_factor(18, 0.5)
+    with pytest.raises(ValueError):
+        plant.step(132_000.0, 40.0, DT, gpu_power_w=np.ones(10))
+
+
+def test_fouled_plate_in_the_tray_model() -> None:
+    plant, run = warm(132_000.0)
+    plant.racks[0].set_conductance_factor(3, 0.5)
+    tj = run.run(60.0, 132_000.0)[-1].gpu_tj_c
+    assert tj[3] > max(tj[:3] + tj[4:]) + 10.0
+
+
+def test_row_cdu_with_identical_racks_matches_one_rack() -> None:
+    one = CduPlant(CduParams(), seed=1)
+    one.warm_start(100_000.0)
+    row = CduPlant(CduParams.for_rack_power(132_000.0, n_racks=3), seed=1)
+    row.warm_start(100_000.0)
+    a, b = one.truth(), row.truth()
+    assert b.valve_position_pct == pytest.approx(a.valve_position_pct, abs=1e-6)
+    assert b.return_temp_c == pytest.approx(a.return_temp_c, abs=1e-9)
+    assert b.hottest_gpu_tj_c == pytest.approx(a.hottest_gpu_tj_c, abs=1e-9)
+    assert b.rack_power_w == pytest.approx(300_000.0) and len(b.gpu_tj_c) == 54
+    for p, r in ((one, Runner(one)), (row, Runner(row))):
+        r.run(30.0, 100_000.0)
+        assert p.truth().supply_temp_c == pytest.approx(45.0, abs=1e-6)
+    row.step([120_000.0, 100_000.0, 80_000.0], 40.0)
+    assert row.truth().rack_power_demand_w == pytest.approx(300_000.0)
+    with pytest.raises(ValueError):
+        row.step([1.0, 2.0], 40.0)

@@ -1,0 +1,688 @@
+"""The virtual rack's MQTT payloads: pydantic models, builders and their JSON Schemas.
+
+Topics are under ``<root>/<site>/<rack>/sim/`` (`rackplane.mqtt.Topics`, DESIGN §3; the row
+is in every payload). Telemetry is QoS 0, one message per thing per interval (1 s):
+
+=========================  ====================================  ==============================
+topic                      payload model                         what
+=========================  ====================================  ==============================
+``telemetry/plant``        `PlantTelemetry`                      CDU truth + scenario inputs
+                                                                 (the first simulator's topic)
+``telemetry/rack``         `RackTelemetry`                       rack totals, leaks, coolant
+``telemetry/trayNN``       `TrayTelemetry`                       one compute tray (NN = 00..17):
+                                                                 its node agent, 4 GPUs and
+                                                                 their link ports
+``telemetry/power``        `PowerTelemetry`                      power shelves and PSUs
+``telemetry/env``          `EnvTelemetry`                        room air and dew point
+``state/scenario``         `ScenarioState` (retained)            scenario progress
+``state/faults``           `FaultsState` (retained)              injected faults (ground truth)
+``state/faces``            `FacesState` (retained)               Modbus faces: ports and units
+``state/node_agents``      `NodeAgentsState` (retained)          every tray's agent settings
+``cmd/<user>/set_power_limits``  args `SetPowerLimitsArgs`       node-agent command (racky)
+``cmd/<user>/get_power_limits``  args `GetPowerLimitsArgs`       read the agents
+=========================  ====================================  ==============================
+
+Commands use rackplane's envelope and reply (``rackplane/schemas/command-*.schema.json``,
+`rackplane.commands`). Numbers are JSON numbers; a value that is not known (a dropped
+sensor, BER before any traffic) is ``null``, never NaN (DESIGN §3). Tray, GPU, shelf and PSU
+indices are 0-based (GPU ``g`` is on tray ``g // 4``; port names are the fabric's,
+``gpu07/nvl03``).
+
+``python -m sims.telemetry --write-schemas`` regenerates ``sims/schemas/*.schema.json``;
+``--check-schemas`` exits 1 when one is stale (a test does the same).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from rackplane.commands import CommandArgs
+from rackplane.settings import Identity
+from sims.row import VirtualRack
+
+__all__ = [
+    "SCHEMA_DIR",
+    "EnvTelemetry",
+    "FacesState",
+    "FaultsState",
+    "GetPowerLimitsArgs",
+    "NodeAgentsState",
+    "PlantTelemetry",
+    "PowerTelemetry",
+    "RackTelemetry",
+    "ScenarioState",
+    "SetPowerLimitsArgs",
+    "TrayTelemetry",
+    "finite_or_none",
+    "schema_documents",
+    "stale_schemas",
+    "write_schemas",
+]
+
+SCHEMA_DIR = Path(__file__).with_name("schemas")
+"""Where the committed ``sim.*.schema.json`` files live."""
+_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def finite_or_none(v: Any) -> float | None:
+    """``v`` as a float, or None when it is None, NaN or infinite (JSON has no NaN)."""
+    if v is None:
+        return None
+    f = float(v)
+    return f if math.isfinite(f) else None
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Stamped(_Payload):
+    ts_ns: int = Field(description="wall-clock timestamp, ns since the epoch")
+    t_s: float = Field(description="plant time, s since the scenario started")
+    site: str
+    row: str
+    rack: str
+
+
+# --- telemetry ---------------------------------------------------------------------------------
+
+
+class PlantTelemetry(_Payload):
+    """``telemetry/plant``: CDU truth and scenario inputs (unchanged from the first CDU
+    simulator; rackctl demo and the integration tests read it)."""
+
+    model_config = ConfigDict(title="sim telemetry/plant")
+
+    t_s: float
+    rack_power_w: float
+    facility_supply_temp_c: float
+    supply_temp_c: float
+    return_temp_c: float
+    flow_lpm: float
+    valve_position_pct: float
+    valve_command_pct: float
+    hottest_gpu_tj_c: float
+    local_control: bool
+    ts_ns: int
+
+
+class LeakTelemetry(_Payload):
+    """Rack-level leak sensors (REFERENCE §4.2 item 9; DSX RackLeakDetect / ...SensorFault)."""
+
+    rope_leak: bool
+    rope_sensor_fault: bool
+    drip_pan_leak: bool
+    drip_pan_sensor_fault: bool
+    leaking_trays: list[int] = Field(description="trays whose sensor reads wet")
+    faulted_tray_sensors: list[int]
+    leak_lpm: float = Field(description="true total leak rate (simulator truth), L/min")
+    leaked_l: float = Field(description="true volume lost so far (simulator truth), L")
+
+
+class RackTelemetry(_Stamped):
+    """``telemetry/rack``: the rack's totals (true values)."""
+
+    model_config = ConfigDict(title="sim telemetry/rack")
+
+    it_power_w: float = Field(description="IT power drawn (after throttling), W")
+    it_power_demand_w: float = Field(description="node agents' requests, W")
+    liquid_heat_kw: float
+    air_heat_kw: float
+    switch_power_w: float
+    gpus_throttled: int
+    gpus_shut_down: int
+    trays_powered: int
+    hottest_gpu_temp_c: float
+    min_t_limit_c: float = Field(description="smallest T.Limit margin, K (REFERENCE §1.6)")
+    inventory_l: float
+    loop_pressure_kpa: float
+    rack_inlet_temp_c: float
+    rack_outlet_temp_c: float
+    flow_lpm: float
+    brownout: bool
+    leak: LeakTelemetry
+
+
+class PortBlock(_Payload):
+    """One GPU's link ports, columnar: every list has one entry per port, in ``names`` order
+    (`sims.fabric.LinkFabric.snapshot`; counters in their native widths)."""
+
+    names: list[str]
+    nvlink: list[bool]
+    link_up: list[bool]
+    speed_mb_per_s: list[float]
+    tx_bytes_per_s: list[float]
+    rx_bytes_per_s: list[float]
+    ber: list[float | None] = Field(description="pre-FEC BER since the last reset; null: unknown")
+    counters: dict[str, list[int]]
+
+
+class GpuTelemetry(_Payload):
+    """One GPU of a tray."""
+
+    gpu: int = Field(description="rack-wide GPU index, 0-based")
+    power_w: float = Field(description="drawn (after throttling)")
+    demand_w: float = Field(description="what the workload asked")
+    request_w: float = Field(description="what the node agent let through")
+    temp_c: float = Field(description="junction temperature")
+    plate_temp_c: float
+    t_limit_c: float = Field(description="T.Limit margin = T_maxop − Tj (REFERENCE §1.6)")
+    throttled: bool
+    shut_down: bool
+    traffic: float = Field(description="offered link traffic, 0..1")
+    uptime_s: float | None = None
+    boot_id: int | None = None
+    ports: PortBlock | None = None
+
+
+class AgentTelemetry(_Payload):
+    """The tray's node agent (`sims.rack.NodeAgentStatus`)."""
+
+    enforced_gpu_cap_w: float
+    enforced_tray_cap_w: float
+    floor_w: float
+    power_cap_w: float | None
+    gpu_power_cap_w: float | None
+    power_floor_pct: float
+    ramp_up_w_per_s: float | None
+    ramp_down_w_per_s: float | None
+    ramp_down_hysteresis_s: float
+    capping: bool
+    flooring: bool
+    ramp_limited: bool
+
+
+class TrayTelemetry(_Stamped):
+    """``telemetry/trayNN``: one compute tray, its agent and GPUs (one message per tray per
+    interval)."""
+
+    model_config = ConfigDict(title="sim telemetry/tray")
+
+    tray: int
+    powered: bool
+    power_w: float
+    coolant_out_temp_c: float
+    leak: bool
+    leak_sensor_fault: bool
+    cold_plate_conductance_factor: float = Field(description="1 = clean (simulator truth)")
+    agent: AgentTelemetry
+    gpus: list[GpuTelemetry]
+
+
+class PsuTelemetry(_Payload):
+    psu: int
+    input_w: float
+    output_w: float
+    temp_c: float
+    available_w: float
+    status: int = Field(description="bits: sims.power.PSU_STATUS_BITS")
+
+
+class ShelfTelemetry(_Payload):
+    shelf: int
+    feed: int
+    input_w: float
+    output_w: float
+    available_w: float
+    ac_voltage_v: float
+    status: int = Field(description="bits: sims.power.SHELF_STATUS_BITS")
+    psus: list[PsuTelemetry]
+
+
+class PowerTelemetry(_Stamped):
+    """``telemetry/power``: the shelves (REFERENCE §1.2) and redundancy (§5 S10)."""
+
+    model_config = ConfigDict(title="sim telemetry/power")
+
+    load_w: float
+    input_w: float
+    output_w: float
+    loss_w: float
+    capacity_w: float
+    nameplate_w: float
+    feed_capacity_w: list[float]
+    redundancy: str = Field(description="N+N, N+k, N or overloaded (sims.power)")
+    spare_psus: int
+    bbu_output_w: float
+    bbu_energy_pct: float
+    brownout: bool
+    dc_bus_voltage_v: float
+    shelves: list[ShelfTelemetry]
+
+
+class EnvTelemetry(_Stamped):
+    """``telemetry/env``: room air as the room sensors read it (null while a sensor is
+    dropped) and the true dew point (Magnus, sims.environment)."""
+
+    model_config = ConfigDict(title="sim telemetry/env")
+
+    room_temp_c: float | None
+    relative_humidity_pct: float | None
+    dew_point_c: float | None
+    true_room_temp_c: float
+    true_relative_humidity_pct: float
+    true_dew_point_c: float
+
+
+# --- state -------------------------------------------------------------------------------------
+
+
+class ScenarioState(_Payload):
+    """``state/scenario`` (retained)."""
+
+    model_config = ConfigDict(title="sim state/scenario")
+
+    name: str
+    t_s: float
+    duration_s: float
+    done: bool
+
+
+class FaultItem(_Payload):
+    kind: str
+    target: str
+    start_s: float
+    end_s: float | None
+
+
+class FaultsState(_Payload):
+    """``state/faults`` (retained): every injected fault with plant-time start and end."""
+
+    model_config = ConfigDict(title="sim state/faults")
+
+    faults: list[FaultItem]
+
+
+class FaceInfo(_Payload):
+    host: str
+    port: int
+    unit_ids: list[int]
+    register_map: str
+
+
+class FacesState(_Payload):
+    """``state/faces`` (retained): where the Modbus faces answer."""
+
+    model_config = ConfigDict(title="sim state/faces")
+
+    cdu: FaceInfo
+    power: FaceInfo | None
+
+
+class AgentSettingsItem(_Payload):
+    tray: int
+    power_cap_w: float | None
+    gpu_power_cap_w: float | None
+    power_floor_pct: float
+    ramp_up_w_per_s: float | None
+    ramp_down_w_per_s: float | None
+    ramp_down_hysteresis_s: float
+    powered: bool
+    enforced_gpu_cap_w: float
+    enforced_tray_cap_w: float
+
+
+class NodeAgentsState(_Payload):
+    """``state/node_agents`` (retained, on change): every tray's agent settings; also the
+    ``state`` of the command replies."""
+
+    model_config = ConfigDict(title="sim state/node_agents")
+
+    trays: list[AgentSettingsItem]
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+class SetPowerLimitsArgs(CommandArgs):
+    """``set_power_limits``: node-agent settings for ``trays`` (all or nothing). A field left
+    out keeps its value; ``null`` removes a cap or a ramp limit. Refused with
+    ``out_of_range`` below the GPUs' minimum power limit, ``unknown_tray`` for a tray that
+    does not exist. The contract is `sims.rack.NodeAgentSettings` (per-GPU watts and W/s,
+    NVML power-smoothing knobs, REFERENCE §1.3)."""
+
+    model_config = ConfigDict(strict=True, title="sim set_power_limits args")
+
+    trays: list[int] = Field(min_length=1, max_length=64, description="0-based tray indices")
+    power_cap_w: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="whole-tray cap, W (null: none)"
+    )
+    gpu_power_cap_w: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="per-GPU cap, W (null: none)"
+    )
+    power_floor_pct: float | None = Field(
+        None, ge=0, le=100, allow_inf_nan=False, description="per-GPU floor, % of TGP"
+    )
+    ramp_up_w_per_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="per-GPU ramp-up limit, W/s (null: none)"
+    )
+    ramp_down_w_per_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="per-GPU ramp-down limit, W/s (null: none)"
+    )
+    ramp_down_hysteresis_s: float | None = Field(
+        None, ge=0, le=3600, allow_inf_nan=False, description="hold before ramp-down, s"
+    )
+    powered: bool | None = Field(None, description="tray power on/off")
+
+
+class GetPowerLimitsArgs(CommandArgs):
+    """``get_power_limits``: read the node agents (every tray when ``trays`` is left out)."""
+
+    model_config = ConfigDict(strict=True, title="sim get_power_limits args")
+
+    trays: list[int] | None = Field(None, max_length=64)
+
+
+# --- builders ----------------------------------------------------------------------------------
+
+
+def port_block(
+    snap: Mapping[str, np.ndarray], ports: range, names: Sequence[str]
+) -> dict[str, Any]:
+    """The `PortBlock` of ports ``ports`` from a fabric snapshot (unknown keys become
+    counters when they are integer arrays of port length)."""
+    sl = slice(ports.start, ports.stop)
+    n_ports = len(names)
+    counters: dict[str, list[int]] = {}
+    for k, v in snap.items():
+        if (
+            k not in ("link_up", "is_nvlink", "port_gpu")
+            and v.shape == (n_ports,)
+            and np.issubdtype(v.dtype, np.integer)
+        ):
+            counters[k] = [int(x) for x in v[sl]]
+    ber = snap.get("ber")
+    return {
+        "names": list(names[sl]),
+        "nvlink": [bool(x) for x in snap["is_nvlink"][sl]],
+        "link_up": [bool(x) for x in snap["link_up"][sl]],
+        "speed_mb_per_s": [float(x) for x in snap["link_speed_mb_per_s"][sl]],
+        "tx_bytes_per_s": [round(float(x), 1) for x in snap["tx_bytes_per_s"][sl]],
+        "rx_bytes_per_s": [round(float(x), 1) for x in snap["rx_bytes_per_s"][sl]],
+        "ber": [finite_or_none(x) for x in ber[sl]]
+        if ber is not None
+        else [None] * (sl.stop - sl.start),
+        "counters": counters,
+    }
+
+
+def _stamp(vr: VirtualRack, ident: Identity, ts_ns: int) -> dict[str, Any]:
+    return {"ts_ns": ts_ns, "t_s": round(vr.time_s, 3), "site": ident.site, "row": ident.row,
+            "rack": ident.rack}
+
+
+def rack_payload(vr: VirtualRack, ident: Identity, ts_ns: int) -> dict[str, Any]:
+    """`RackTelemetry` of the rack now."""
+    tr = vr.truth()
+    ct = vr.cdu_truth()
+    lk = tr.leaks
+    return {
+        **_stamp(vr, ident, ts_ns),
+        "it_power_w": tr.it_power_w,
+        "it_power_demand_w": tr.it_power_demand_w,
+        "liquid_heat_kw": tr.liquid_kw,
+        "air_heat_kw": tr.air_kw,
+        "switch_power_w": tr.switch_power_w,
+        "gpus_throttled": int(tr.gpu_throttled.sum()),
+        "gpus_shut_down": int((~tr.gpu_on).sum()),
+        "trays_powered": int(tr.tray_powered.sum()),
+        "hottest_gpu_temp_c": float(tr.gpu_tj_c.max()),
+        "min_t_limit_c": float(tr.gpu_t_limit_c.min()),
+        "inventory_l": ct.inventory_l,
+        "loop_pressure_kpa": ct.loop_pressure_kpa,
+        "rack_inlet_temp_c": ct.rack_inlet_temp_c,
+        "rack_outlet_temp_c": ct.rack_outlet_temp_c,
+        "flow_lpm": ct.flow_lpm,
+        "brownout": tr.brownout,
+        "leak": {
+            "rope_leak": lk.rope_leak,
+            "rope_sensor_fault": lk.rope_sensor_fault,
+            "drip_pan_leak": lk.drip_pan_leak,
+            "drip_pan_sensor_fault": lk.drip_pan_sensor_fault,
+            "leaking_trays": lk.leaking_trays(),
+            "faulted_tray_sensors": [int(i) for i in np.flatnonzero(lk.tray_sensor_fault)],
+            "leak_lpm": lk.leak_lpm,
+            "leaked_l": lk.leaked_l,
+        },
+    }
+
+
+def tray_payloads(
+    vr: VirtualRack, ident: Identity, ts_ns: int, *, ports: bool = True
+) -> list[tuple[str, dict[str, Any]]]:
+    """``(thing, TrayTelemetry)`` for every compute tray (thing ``trayNN``); with ``ports``
+    each GPU carries its link ports (`PortBlock`) when the rack has a fabric."""
+    tr = vr.truth()
+    comp = vr.compute
+    gpt = comp.gpus_per_tray
+    fab = vr.fabric
+    snap = None
+    names: list[str] = []
+    if fab is not None and ports:
+        snap = fab.snapshot()
+        names = fab.port_names()
+    ppg = len(names) // comp.n_gpus if names else 0
+    uptime = snap.get("uptime_s") if snap is not None else None
+    boot = snap.get("boot_id") if snap is not None else None
+    stamp = _stamp(vr, ident, ts_ns)
+    out = []
+    for k in range(comp.n_trays):
+        st = comp.agents.status(k, tr.gpu_power_w)
+        s = st.settings
+        gpus = []
+        for g in range(k * gpt, (k + 1) * gpt):
+            item: dict[str, Any] = {
+                "gpu": g,
+                "power_w": float(tr.gpu_power_w[g]),
+                "demand_w": float(tr.gpu_demand_w[g]),
+                "request_w": float(tr.gpu_request_w[g]),
+                "temp_c": float(tr.gpu_tj_c[g]),
+                "plate_temp_c": float(tr.gpu_plate_temp_c[g]),
+                "t_limit_c": float(tr.gpu_t_limit_c[g]),
+                "throttled": bool(tr.gpu_throttled[g]),
+                "shut_down": not bool(tr.gpu_on[g]),
+                "traffic": float(tr.gpu_traffic[g]),
+                "uptime_s": None if uptime is None else float(uptime[g]),
+                "boot_id": None if boot is None else int(boot[g]),
+                "ports": None
+                if snap is None
+                else port_block(snap, range(g * ppg, (g + 1) * ppg), names),
+            }
+            gpus.append(item)
+        out.append((f"tray{k:02d}", {
+            **stamp,
+            "tray": k,
+            "powered": bool(tr.tray_powered[k]),
+            "power_w": float(tr.tray_power_w[k]),
+            "coolant_out_temp_c": float(tr.tray_coolant_out_c[k]),
+            "leak": bool(tr.leaks.tray_leak[k]),
+            "leak_sensor_fault": bool(tr.leaks.tray_sensor_fault[k]),
+            "cold_plate_conductance_factor": tr.conductance_factors[k],
+            "agent": {
+                "enforced_gpu_cap_w": st.enforced_gpu_cap_w,
+                "enforced_tray_cap_w": st.enforced_tray_cap_w,
+                "floor_w": st.floor_w,
+                "power_cap_w": s.power_cap_w,
+                "gpu_power_cap_w": s.gpu_power_cap_w,
+                "power_floor_pct": s.power_floor_pct,
+                "ramp_up_w_per_s": s.ramp_up_w_per_s,
+                "ramp_down_w_per_s": s.ramp_down_w_per_s,
+                "ramp_down_hysteresis_s": s.ramp_down_hysteresis_s,
+                "capping": st.capping,
+                "flooring": st.flooring,
+                "ramp_limited": st.ramp_limited,
+            },
+            "gpus": gpus,
+        }))
+    return out
+
+
+def power_payload(vr: VirtualRack, ident: Identity, ts_ns: int) -> dict[str, Any]:
+    """`PowerTelemetry` of the rack's shelves now."""
+    sh = vr.shelves
+    st = sh.state
+    shelves = []
+    for i in range(sh.params.shelves):
+        shelves.append({
+            "shelf": i,
+            "feed": sh.feed_of_shelf(i),
+            "input_w": float(st.shelf_input_w[i]),
+            "output_w": float(st.shelf_output_w[i]),
+            "available_w": float(st.psu_available_w[i].sum()),
+            "ac_voltage_v": float(st.ac_voltage_v[i]),
+            "status": int(st.shelf_status[i]),
+            "psus": [
+                {
+                    "psu": j,
+                    "input_w": float(st.psu_input_w[i, j]),
+                    "output_w": float(st.psu_output_w[i, j]),
+                    "temp_c": float(st.psu_temp_c[i, j]),
+                    "available_w": float(st.psu_available_w[i, j]),
+                    "status": int(st.psu_status[i, j]),
+                }
+                for j in range(sh.params.psus_per_shelf)
+            ],
+        })
+    return {
+        **_stamp(vr, ident, ts_ns),
+        "load_w": st.load_w,
+        "input_w": st.input_w,
+        "output_w": st.output_w,
+        "loss_w": st.loss_w,
+        "capacity_w": st.capacity_w,
+        "nameplate_w": st.nameplate_w,
+        "feed_capacity_w": [float(x) for x in st.feed_capacity_w],
+        "redundancy": st.redundancy,
+        "spare_psus": int(st.spare_psus),
+        "bbu_output_w": st.bbu_output_w,
+        "bbu_energy_pct": 100.0 * st.bbu_energy_j / st.bbu_capacity_j
+        if st.bbu_capacity_j > 0.0
+        else 0.0,
+        "brownout": st.brownout,
+        "dc_bus_voltage_v": st.dc_bus_voltage_v,
+        "shelves": shelves,
+    }
+
+
+def env_payload(vr: VirtualRack, ident: Identity, ts_ns: int) -> dict[str, Any]:
+    """`EnvTelemetry` of the room now."""
+    e = vr.environment_state()
+    return {
+        **_stamp(vr, ident, ts_ns),
+        "room_temp_c": finite_or_none(e.sensed_room_temp_c),
+        "relative_humidity_pct": finite_or_none(e.sensed_relative_humidity_pct),
+        "dew_point_c": finite_or_none(e.sensed_dew_point_c),
+        "true_room_temp_c": e.room_temp_c,
+        "true_relative_humidity_pct": e.relative_humidity_pct,
+        "true_dew_point_c": e.dew_point_c,
+    }
+
+
+def node_agents_payload(vr: VirtualRack, trays: Sequence[int] | None = None) -> dict[str, Any]:
+    """`NodeAgentsState` of ``trays`` (default: all)."""
+    ag = vr.agents
+    out = []
+    for k in range(ag.n_trays) if trays is None else trays:
+        s = ag.settings(k)
+        cap = ag.enforced_gpu_cap_w(s)
+        out.append({
+            "tray": k,
+            **{f: getattr(s, f) for f in (
+                "power_cap_w", "gpu_power_cap_w", "power_floor_pct", "ramp_up_w_per_s",
+                "ramp_down_w_per_s", "ramp_down_hysteresis_s", "powered")},
+            "enforced_gpu_cap_w": cap,
+            "enforced_tray_cap_w": cap * ag.gpus_per_tray * (1.0 + ag.other_share),
+        })
+    return {"trays": out}
+
+
+# --- schemas -----------------------------------------------------------------------------------
+
+_MODELS: dict[str, type[BaseModel]] = {
+    "sim.telemetry.plant": PlantTelemetry,
+    "sim.telemetry.rack": RackTelemetry,
+    "sim.telemetry.tray": TrayTelemetry,
+    "sim.telemetry.power": PowerTelemetry,
+    "sim.telemetry.env": EnvTelemetry,
+    "sim.state.scenario": ScenarioState,
+    "sim.state.faults": FaultsState,
+    "sim.state.faces": FacesState,
+    "sim.state.node_agents": NodeAgentsState,
+    "sim.set_power_limits.args": SetPowerLimitsArgs,
+    "sim.get_power_limits.args": GetPowerLimitsArgs,
+}
+
+
+def payload_models() -> dict[str, type[BaseModel]]:
+    """schema name (file name without ``.schema.json``) -> model."""
+    return dict(_MODELS)
+
+
+def schema_documents() -> dict[str, str]:
+    """file name -> JSON Schema text (draft 2020-12, keys sorted, stable)."""
+    out = {}
+    for name, model in _MODELS.items():
+        doc = {
+            "$schema": _DIALECT,
+            "$id": f"urn:rackplane:schema:{name}",
+            **model.model_json_schema(),
+        }
+        out[f"{name}.schema.json"] = json.dumps(doc, indent=2, sort_keys=True,
+                                                ensure_ascii=False) + "\n"
+    return out
+
+
+def write_schemas(directory: str | Path = SCHEMA_DIR) -> list[Path]:
+    """Write the schema files that are missing or differ; returns those written."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in schema_documents().items():
+        p = d / name
+        if not p.exists() or p.read_text(encoding="utf-8") != text:
+            p.write_text(text, encoding="utf-8")
+            written.append(p)
+    return written
+
+
+def stale_schemas(directory: str | Path = SCHEMA_DIR) -> list[str]:
+    """Schema files missing from ``directory`` or differing from the models."""
+    d = Path(directory)
+    return [
+        name
+        for name, text in schema_documents().items()
+        if not (d / name).exists() or (d / name).read_text(encoding="utf-8") != text
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sims.telemetry --write-schemas | --check-schemas [--dir DIR]``."""
+    ap = argparse.ArgumentParser(prog="python -m sims.telemetry")
+    ap.add_argument("--write-schemas", action="store_true")
+    ap.add_argument("--check-schemas", action="store_true")
+    ap.add_argument("--dir", type=Path, default=SCHEMA_DIR)
+    ns = ap.parse_args(argv)
+    if ns.write_schemas:
+        for p in write_schemas(ns.dir):
+            print(f"wrote {p}")
+        return 0
+    if ns.check_schemas:
+        stale = stale_schemas(ns.dir)
+        for name in stale:
+            print(f"stale: {name}", file=sys.stderr)
+        return 1 if stale else 0
+    ap.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,13 @@
+"""Integration tests: every daemon or simulator process a test starts is stopped after it."""
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.harness import reap_all
+
+
+@pytest.fixture(autouse=True)
+def reap() -> Iterator[None]:
+    yield
+    reap_all()
