@@ -10,6 +10,9 @@ STAMP := $(VENV)/.rackplane-installed
 DURATION ?=
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+QUICK ?=
+BENCH_OUT ?= bench-results
+SCENARIOS_OUT ?= scenario-results
 
 .PHONY: help venv demo test servers lint bench scenarios clean
 
@@ -17,6 +20,8 @@ help:
 	@echo "make demo [DURATION=s]  run valvey against the CDU simulator (embedded broker, no servers needed)"
 	@echo "make test               run the whole test suite (installs Mosquitto and VictoriaMetrics if missing)"
 	@echo "make lint               ruff and mypy"
+	@echo "make bench [QUICK=1]    benchmark suite into bench-results/ (results.json, results.md, PNGs)"
+	@echo "make scenarios [QUICK=1] scenario quality report into scenario-results/"
 
 venv: $(STAMP)
 
@@ -38,6 +43,13 @@ test: $(STAMP) servers
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# Exit 1 when a figure misses its target: the results are written either way.
+bench: $(STAMP) servers
+	$(BIN)/rackctl bench --out $(BENCH_OUT) $(if $(QUICK),--quick)
+
+scenarios: $(STAMP)
+	$(BIN)/rackctl scenarios --out $(SCENARIOS_OUT) $(if $(QUICK),--quick)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache demo-output

@@ -1,23 +1,37 @@
-"""rackctl: the operator's CLI (demo, replay of the embedded store, lock-step runs)."""
+"""rackctl: the operator's CLI: commands to the daemons, a live view of their state and
+alarms, the demo, replay of the embedded store, lock-step runs, the contract's schemas.
+
+Exit codes of ``cmd`` and ``watch`` (for scripts): 0 ok; 1 the daemon refused the command (an
+error reply) or the broker's ACL refused it; 2 usage or settings (bad flag, bad file, login
+refused by the broker); 3 no broker or no reply in time.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.progress import Progress
 from rich.table import Table
+from rich.text import Text
 
 from rackplane.cli import EXIT_CONFIG, EXIT_RUNTIME, fail_config
-from rackplane.errors import ConfigError, SpoolError
+from rackplane.errors import ConfigError, MqttError, SpoolError
 from rackplane.log import configure_logging
 from rackplane.settings import TsdbSettings
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = EXIT_CONFIG  # 2
+EXIT_NO_BROKER = 3
 
 
 @app.command()
@@ -150,3 +164,405 @@ def lockstep(
 
 def main() -> None:
     app()
+
+
+# --- benchmarks and the scenario report (issue 8: rackctl/bench.py, rackctl/report.py) --------
+
+
+def _lazy_main(module: str) -> Any:
+    """``rackctl.<module>.main``, imported only when its command runs (the CLI works without
+    it). A missing module or ``main`` is a clear error, exit 2."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(f"rackctl.{module}")
+    except ModuleNotFoundError as err:
+        if err.name != f"rackctl.{module}":
+            raise  # a dependency of the module is missing: show the real error
+        _fail(f"rackctl.{module} is not installed in this build (no module {err.name})",
+              EXIT_USAGE)
+    fn = getattr(mod, "main", None)
+    if not callable(fn):
+        _fail(f"rackctl.{module} has no main()", EXIT_USAGE)
+    return fn
+
+
+@app.command("bench")
+def bench(
+    out: Annotated[Path, typer.Option("--out", help="folder for results.json, results.md "
+                                      "and plots")],
+    quick: Annotated[bool, typer.Option("--quick", help="shorter runs (a smoke test)")] = False,
+) -> None:
+    """Run the benchmarks (rackctl/bench.py) into OUT; exit 0 when every figure meets its
+    target, 1 otherwise, 2 when the benchmarks are not available."""
+    bench_main = _lazy_main("bench")
+    raise SystemExit(bench_main(out=out, quick=quick))
+
+
+@app.command("scenarios")
+def scenarios(
+    out: Annotated[Path, typer.Option("--out", help="folder for the scenario report")],
+    quick: Annotated[bool, typer.Option("--quick", help="fewer seeds, shorter traces")
+                     ] = False,
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", help="run only this scenario (repeat for several)")] = None,
+) -> None:
+    """Run the standard scenarios and write their report (rackctl/report.py) into OUT; exit
+    0 when every figure passes, 1 otherwise, 2 when the report is not available."""
+    report_main = _lazy_main("report")
+    raise SystemExit(report_main(out=out, quick=quick, only=list(only) if only else None))
+
+
+# --- commands to the daemons, and watching them (rackctl/client.py) --------------------------
+
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", help="TOML file of connection settings [RACKCTL_CONFIG; default "
+    "~/.config/rackctl/config.toml if it exists]")]
+HostOpt = Annotated[str | None, typer.Option(help="broker host [RACKCTL_HOST]")]
+PortOpt = Annotated[int | None, typer.Option(help="broker port [RACKCTL_PORT]")]
+ProtocolOpt = Annotated[str | None, typer.Option(help="MQTT 5 or 3.1.1 [RACKCTL_PROTOCOL]")]
+UsernameOpt = Annotated[str | None, typer.Option(
+    help="broker username [RACKCTL_USERNAME]; password only from $RACKCTL_PASSWORD")]
+CaOpt = Annotated[Path | None, typer.Option(help="CA file, enables TLS [RACKCTL_CA_FILE]")]
+CertOpt = Annotated[Path | None, typer.Option(help="client certificate [RACKCTL_CERT_FILE]")]
+KeyOpt = Annotated[Path | None, typer.Option(help="client key [RACKCTL_KEY_FILE]")]
+SiteOpt = Annotated[str | None, typer.Option(help="topic level <site> [RACKCTL_SITE]")]
+RackOpt = Annotated[str | None, typer.Option(help="topic level <rack> [RACKCTL_RACK]")]
+RootOpt = Annotated[str | None, typer.Option(help="topic root [RACKCTL_TOPIC_ROOT]")]
+UserOpt = Annotated[str | None, typer.Option(
+    help="cmd/<user> level (default: the username) [RACKCTL_USER]")]
+TimeoutOpt = Annotated[float | None, typer.Option(
+    "--timeout", help="seconds to wait for the reply [RACKCTL_TIMEOUT_S]")]
+ConnectTimeoutOpt = Annotated[float | None, typer.Option(
+    "--connect-timeout", help="seconds to wait for the broker [RACKCTL_CONNECT_TIMEOUT_S]")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+
+def _client_settings(config: Path | None, **flags: Any) -> Any:
+    from rackctl.client import load_client_settings
+
+    flags = {k: (str(v) if isinstance(v, Path) else v) for k, v in flags.items()}
+    try:
+        return load_client_settings(flags, config=config)
+    except ConfigError as err:
+        _fail(f"settings: {err}", EXIT_USAGE)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    Console(stderr=True, soft_wrap=True).print(Text(message), highlight=False)
+    raise typer.Exit(code)
+
+
+def _flatten(value: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, str]]:
+    if isinstance(value, dict) and value and depth < 3:
+        rows: list[tuple[str, str]] = []
+        for k, v in value.items():
+            rows += _flatten(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
+        return rows
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return [(prefix or "-", text if len(text) <= 120 else text[:119] + "…")]
+
+
+def _reply_table(daemon: str, verb: str, reply: dict[str, Any]) -> Table:
+    ok = bool(reply.get("ok"))
+    err = reply.get("error") or {}
+    title = f"{daemon} {verb}: " + ("ok" if ok else f"refused ({err.get('code', '?')})")
+    t = Table(title=title, title_style="bold green" if ok else "bold red", show_header=False)
+    t.add_column("key", style="cyan")
+    t.add_column("value", overflow="fold")
+    t.add_row("request_id", str(reply.get("request_id")))
+    if not ok:
+        t.add_row("error", str(err.get("message", "")))
+    for key, text in _flatten(reply.get("state") or {}):
+        t.add_row(key, text)
+    return t
+
+
+@app.command("cmd")
+def cmd(
+    daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey or racky")],
+    verb: Annotated[str, typer.Argument(help="verb, e.g. get_state, set_setpoint")],
+    arg: Annotated[list[str] | None, typer.Option(
+        "--arg", "-a", help="argument key=value (value read as JSON if it parses); repeat")
+    ] = None,
+    args: Annotated[str | None, typer.Option("--args", help="all arguments as a JSON object")
+                    ] = None,
+    request_id: Annotated[str | None, typer.Option(
+        help="reuse an id to retry safely (never applied twice)")] = None,
+    json_out: JsonOpt = False,
+    config: ConfigOpt = None,
+    host: HostOpt = None,
+    port: PortOpt = None,
+    protocol: ProtocolOpt = None,
+    username: UsernameOpt = None,
+    ca_file: CaOpt = None,
+    cert_file: CertOpt = None,
+    key_file: KeyOpt = None,
+    site: SiteOpt = None,
+    rack: RackOpt = None,
+    topic_root: RootOpt = None,
+    user: UserOpt = None,
+    timeout: TimeoutOpt = None,
+    connect_timeout: ConnectTimeoutOpt = None,
+) -> None:
+    """Send one command to a daemon and print its reply (docs/COMMANDS.md).
+
+    Example: rackctl cmd valvey set_setpoint --arg setpoint_c=44 --rack r12
+    """
+    from rackctl.client import (
+        BrokerRefused,
+        BrokerUnavailable,
+        CommandClient,
+        ReplyTimeout,
+        parse_args,
+    )
+    from rackplane.mqtt import PublishRefused
+
+    configure_logging("error", "console")
+    try:
+        payload = parse_args(arg or [], args)
+    except ValueError as err:
+        _fail(str(err), EXIT_USAGE)
+    settings = _client_settings(
+        config, host=host, port=port, protocol=protocol, username=username, ca_file=ca_file,
+        cert_file=cert_file, key_file=key_file, site=site, rack=rack, topic_root=topic_root,
+        user=user, timeout_s=timeout, connect_timeout_s=connect_timeout)
+    try:
+        settings.topics(daemon).cmd(settings.topic_user, verb)
+    except ValueError as err:
+        _fail(f"invalid daemon or verb: {err}", EXIT_USAGE)
+
+    async def run() -> dict[str, Any]:
+        client = CommandClient(settings)
+        client.expect_replies_from(daemon)
+        async with client:
+            return await client.call(daemon, verb, payload, request_id=request_id)
+
+    try:
+        reply = asyncio.run(run())
+    except BrokerRefused as err:
+        _fail(str(err), EXIT_USAGE)
+    except PublishRefused as err:
+        _fail(f"{err} (your user may not send this command)", EXIT_REFUSED)
+    except (BrokerUnavailable, ReplyTimeout) as err:
+        _fail(str(err), EXIT_NO_BROKER)
+    except MqttError as err:
+        _fail(f"MQTT: {err}", EXIT_NO_BROKER)
+    except ConfigError as err:
+        _fail(f"settings: {err}", EXIT_USAGE)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if json_out:
+        sys.stdout.write(json.dumps(reply, ensure_ascii=False) + "\n")
+    else:
+        Console().print(_reply_table(daemon, verb, reply))
+    raise typer.Exit(EXIT_OK if reply.get("ok") is True else EXIT_REFUSED)
+
+
+class _WatchView:
+    """What `watch` shows: the latest status, each state thing and the active alarms."""
+
+    def __init__(self, daemon: str) -> None:
+        self.daemon = daemon
+        self.status: dict[str, Any] | None = None
+        self.states: dict[str, Any] = {}
+        self.alarms: dict[str, Any] = {}
+
+    def update(self, kind: str, name: str, body: Any) -> None:
+        if kind == "status":
+            self.status = body if isinstance(body, dict) else None
+        elif kind == "state":
+            self.states[name] = body
+        elif kind == "alarm":
+            if body is None:
+                self.alarms.pop(name, None)
+            else:
+                self.alarms[name] = body
+
+    def render(self) -> Group:
+        st = self.status or {}
+        head = Text(f"{self.daemon}: {st.get('status', 'unknown')}",
+                    style="bold green" if st.get("status") == "online" else "bold red")
+        parts: list[Any] = [head]
+        for thing, body in sorted(self.states.items()):
+            t = Table(title=f"state/{thing}", show_header=False, title_justify="left")
+            t.add_column("key", style="cyan")
+            t.add_column("value", overflow="fold")
+            for key, text in _flatten(body if isinstance(body, dict) else {"value": body})[:40]:
+                t.add_row(key, text)
+            parts.append(t)
+        a = Table(title=f"alarms ({len(self.alarms)})", title_justify="left")
+        for col in ("id", "severity", "state", "acked", "shelved", "message"):
+            a.add_column(col)
+        for alarm_id, body in sorted(self.alarms.items()):
+            b = body if isinstance(body, dict) else {}
+            a.add_row(alarm_id, str(b.get("severity", "")), str(b.get("state", "")),
+                      str(b.get("acked", "")), str(b.get("shelved", "")),
+                      str(b.get("message", "")))
+        parts.append(a)
+        return Group(*parts)
+
+
+@app.command("watch")
+def watch(
+    daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey")],
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="one JSON object per message on stdout (for scripts)")] = False,
+    duration: Annotated[float | None, typer.Option(
+        help="stop after this many seconds (default: until Ctrl-C)")] = None,
+    config: ConfigOpt = None,
+    host: HostOpt = None,
+    port: PortOpt = None,
+    protocol: ProtocolOpt = None,
+    username: UsernameOpt = None,
+    ca_file: CaOpt = None,
+    cert_file: CertOpt = None,
+    key_file: KeyOpt = None,
+    site: SiteOpt = None,
+    rack: RackOpt = None,
+    topic_root: RootOpt = None,
+    connect_timeout: ConnectTimeoutOpt = None,
+) -> None:
+    """Show a daemon's status, state and alarms live (retained values first)."""
+    from rackctl.client import BrokerRefused, BrokerUnavailable, CommandClient, watch_filters
+    from rackplane.mqtt import Message
+
+    configure_logging("error", "console")
+    settings = _client_settings(
+        config, host=host, port=port, protocol=protocol, username=username, ca_file=ca_file,
+        cert_file=cert_file, key_file=key_file, site=site, rack=rack, topic_root=topic_root,
+        connect_timeout_s=connect_timeout)
+    try:
+        topics = settings.topics(daemon)
+    except ValueError as err:
+        _fail(f"invalid daemon: {err}", EXIT_USAGE)
+    view = _WatchView(daemon)
+    base = topics.base + "/"
+
+    def classify(topic: str) -> tuple[str, str]:
+        rest = topic[len(base):] if topic.startswith(base) else topic
+        kind, _, name = rest.partition("/")
+        return kind, name
+
+    async def run() -> None:
+        client = CommandClient(settings)
+        live: Live | None = None
+
+        def on_message(msg: Message) -> None:
+            try:
+                body = msg.json() if msg.payload else None
+            except ValueError:
+                body = msg.payload.decode("utf-8", "replace")
+            kind, name = classify(msg.topic)
+            if json_out:
+                line = {"topic": msg.topic, "kind": kind, "name": name or None,
+                        "retained": msg.retain, "payload": body}
+                sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+                sys.stdout.flush()
+                return
+            view.update(kind, name, body)
+            if live is not None:
+                live.update(view.render())
+
+        for flt in watch_filters(topics):
+            client.subscribe(flt, on_message, qos=1)
+        async with client:
+            if json_out:
+                await _sleep_or_forever(duration)
+                return
+            with Live(view.render(), refresh_per_second=4, console=Console()) as lv:
+                live = lv
+                await _sleep_or_forever(duration)
+
+    try:
+        asyncio.run(run())
+    except BrokerRefused as err:
+        _fail(str(err), EXIT_USAGE)
+    except BrokerUnavailable as err:
+        _fail(str(err), EXIT_NO_BROKER)
+    except ConfigError as err:
+        _fail(f"settings: {err}", EXIT_USAGE)
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_OK) from None
+
+
+async def _sleep_or_forever(duration: float | None) -> None:
+    if duration is None:
+        await asyncio.Event().wait()
+    else:
+        await asyncio.sleep(duration)
+
+
+# --- the contract: JSON Schemas and docs/COMMANDS.md -------------------------------------------
+
+COMMANDS_MD = Path(__file__).resolve().parents[1] / "docs" / "COMMANDS.md"
+
+
+def daemon_contracts() -> list[Any]:
+    """Every daemon's `rackplane.commands.DaemonContract`, for the schemas and the docs.
+
+    A daemon package provides ``<daemon>.commands.<daemon>_contract() -> DaemonContract``
+    (verbs with roles, and its ``state/<thing>`` models). Until valvey has one, its verbs
+    are read from a router built with ``register_valvey_commands`` (no sockets opened)."""
+    import importlib
+
+    from rackplane.clock import SYSTEM_CLOCK
+    from rackplane.commands import CommandRouter, contract_of
+    from rackplane.mqtt import MqttLink
+    from rackplane.settings import CommandSettings, Identity, MqttSettings
+
+    out = []
+    for daemon in ("valvey", "racky"):
+        try:
+            mod = importlib.import_module(f"{daemon}.commands")
+        except ModuleNotFoundError:
+            continue
+        provider = getattr(mod, f"{daemon}_contract", None)
+        if callable(provider):
+            out.append(provider())
+            continue
+        if daemon == "valvey":
+            from valvey.commands import register_valvey_commands
+            from valvey.config import CduPoints, ControlSettings
+            from valvey.core import ValveyCore
+            from valvey.supply_loop import SupplyLoopSettings
+
+            link = MqttLink(MqttSettings(), Identity(), "valvey", clock=SYSTEM_CLOCK)
+            router = CommandRouter(link, CommandSettings(), clock=SYSTEM_CLOCK)
+            register_valvey_commands(router, ValveyCore(SupplyLoopSettings(), CduPoints(),
+                                                        ControlSettings(), 0.0))
+            out.append(contract_of(router, summary="The cooling controller "
+                                   "(valvey/commands.py)."))
+    return out
+
+
+@app.command("schemas")
+def schemas(
+    write: Annotated[bool, typer.Option("--write", help="regenerate the files")] = False,
+    check: Annotated[bool, typer.Option("--check", help="exit 1 if any file is stale")
+                     ] = False,
+    docs: Annotated[Path, typer.Option(help="the rendered contract")] = COMMANDS_MD,
+) -> None:
+    """The MQTT contract's JSON Schemas (rackplane/schemas) and docs/COMMANDS.md, generated
+    from the models of rackplane and every daemon."""
+    from rackplane.commands import SCHEMA_DIR, render_markdown, stale_schemas, write_schemas
+
+    contracts = daemon_contracts()
+    verb_args = {c.daemon: {v: m for v, (m, _r) in c.verbs.items()} for c in contracts}
+    states = {c.daemon: dict(c.states) for c in contracts}
+    text = render_markdown(contracts)
+    if write:
+        for p in write_schemas(SCHEMA_DIR, verb_args, states, prune=True):
+            typer.echo(f"wrote {p}")
+        if not docs.exists() or docs.read_text(encoding="utf-8") != text:
+            docs.write_text(text, encoding="utf-8")
+            typer.echo(f"wrote {docs}")
+        raise typer.Exit(EXIT_OK)
+    if check:
+        stale = stale_schemas(SCHEMA_DIR, verb_args, states, complete=True)
+        if not docs.exists() or docs.read_text(encoding="utf-8") != text:
+            stale.append(str(docs))
+        for name in stale:
+            typer.echo(f"stale: {name}", err=True)
+        raise typer.Exit(1 if stale else EXIT_OK)
+    typer.echo(text, nl=False)

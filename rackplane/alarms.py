@@ -190,6 +190,7 @@ class AlarmEngine:
         self._max_shelve_s = float(max_shelve_s)
         self._states: dict[str, _State] = {i: _State() for i in self._defs}
         self._now = self._start
+        self._shelved: set[str] = set()  # ids with a shelve in force (expiry checks)
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -256,20 +257,27 @@ class AlarmEngine:
             ValueError: unknown ids, time going backwards or non-finite.
         """
         now = self._advance(now_mono)
-        unknown = [k for k in conditions if k not in self._defs]
-        if values:
-            unknown += [k for k in values if k not in self._defs]
-        if unknown:
+        defs = self._defs
+        if not conditions.keys() <= defs.keys() or (values and not values.keys() <= defs.keys()):
+            unknown = [k for k in conditions if k not in defs]
+            if values:
+                unknown += [k for k in values if k not in defs]
             raise ValueError(f"unknown alarm ids: {sorted(set(unknown))}")
         events: list[AlarmEvent] = []
-        self._expire_shelves(now, events)
-        for aid, d in self._defs.items():
-            st = self._states[aid]
+        if self._shelved:
+            self._expire_shelves(now, events)
+        states = self._states
+        for aid, d in defs.items():
+            st = states[aid]
             if values and aid in values:
                 v = values[aid]
                 st.value = float(v) if v is not None and math.isfinite(v) else None
-            if aid in conditions:
-                c = bool(conditions[aid])
+            c = conditions.get(aid)
+            if (not c and not st.condition and st.phase == "normal"
+                    and (c is None or st.clear_since is not None)):
+                continue  # fast path (10 Hz callers): normal, quiet, nothing can change
+            if c is not None:
+                c = bool(c)
                 if c and not st.condition:
                     st.cond_since, st.clear_since = now, None
                 elif not c and st.condition:
@@ -326,6 +334,7 @@ class AlarmEngine:
             )
         st = self._states[alarm_id]
         st.shelved_until = float(until_mono)
+        self._shelved.add(alarm_id)
         return [self._event(d, st, "shelved", now, user)]
 
     def unshelve(self, alarm_id: str, user: str, now_mono: float) -> list[AlarmEvent]:
@@ -376,6 +385,7 @@ class AlarmEngine:
         self, d: AlarmDef, st: _State, now: float, events: list[AlarmEvent], user: str | None
     ) -> None:
         st.shelved_until = None
+        self._shelved.discard(d.id)
         events.append(self._event(d, st, "unshelved", now, user))
         if st.phase == "active":
             st.acked, st.acked_by = False, None

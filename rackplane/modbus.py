@@ -77,7 +77,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pymodbus.client import AsyncModbusTcpClient
+from pydantic import Field, model_validator
+from pymodbus.client import AsyncModbusSerialClient, AsyncModbusTcpClient
 from pymodbus.exceptions import ConnectionException, ModbusException, ModbusIOException
 from pymodbus.framer import FramerSocket, FramerType
 from pymodbus.pdu import DecodePDU, ModbusPDU
@@ -109,6 +110,18 @@ from rackplane.settings import ModbusTargetSettings
 
 #: Floor of the reconnect delay, whatever the settings say (FIELD-CASES BR-07: pymodbus
 #: issue 1794, ``reconnect_delay=0`` spun at 100 % CPU).
+_Client = AsyncModbusTcpClient | AsyncModbusSerialClient
+
+try:  # POSIX: pyserial reports a port refusing its line settings as termios.error
+    import termios
+
+    _SERIAL_SETUP_ERROR: type[Exception] = termios.error
+except ImportError:  # pragma: no cover (Windows)
+    class _SerialSetupError(Exception):
+        """Never raised: no termios on this platform."""
+
+    _SERIAL_SETUP_ERROR = _SerialSetupError
+
 MIN_RECONNECT_DELAY_S = 0.1
 #: Floor of the poll interval: the owner task never polls more often than this.
 MIN_POLL_INTERVAL_S = 0.001
@@ -120,6 +133,31 @@ MAX_PLAN_RETRIES_PER_POLL = 16
 #: pymodbus keeps at most this many received bytes before it discards them all (its default,
 #: the 264-byte maximum ADU, loses a right reply queued behind a late one: BR-03).
 RECEIVE_BUFFER_BYTES = 1 << 20
+
+
+class ModbusSerialTargetSettings(ModbusTargetSettings):
+    """One Modbus RTU device on a serial line (RS-485 through a USB or on-board UART).
+
+    ``host``/``port`` are unused (kept for the log context); ``framer`` is always ``rtu``.
+    Defaults are the Modbus-over-serial specification's (19200 baud, even parity, 8 data bits,
+    1 stop bit). Unit 0 is broadcast (writes only, FIELD-CASES BR-06). `ModbusDevice` opens a
+    serial client for any settings object whose ``serial_port`` is set (a daemon's own target
+    model may carry these fields, optional, instead of subclassing this one).
+    """
+
+    serial_port: str = Field(description="device path, e.g. /dev/ttyUSB0 or /dev/serial/by-id/…")
+    baudrate: int = Field(19200, ge=1200, le=921600)
+    parity: Literal["N", "E", "O"] = "E"
+    bytesize: Literal[7, 8] = 8
+    stopbits: Literal[1, 2] = 1
+    framer: Literal["socket", "rtu"] = "rtu"
+
+    @model_validator(mode="after")
+    def _rtu_only(self) -> ModbusSerialTargetSettings:
+        if self.framer != "rtu":
+            raise ValueError("a serial line speaks RTU only (framer = 'rtu')")
+        return self
+
 
 _READ_CALLS: dict[int, str] = {
     1: "read_coils",
@@ -403,7 +441,7 @@ class ModbusDevice:
         self._backoff = _Backoff(
             settings.reconnect_min_s, settings.reconnect_max_s, rng or random.Random()
         )
-        self._client: AsyncModbusTcpClient | None = None
+        self._client: _Client | None = None
         self._ever_connected = False
         self._down_reason = "not_connected"
         self._next_connect = -math.inf
@@ -635,18 +673,35 @@ class ModbusDevice:
 
     # -- connection ----------------------------------------------------------------------------
 
-    def _new_client(self) -> AsyncModbusTcpClient:
+    def _new_client(self) -> _Client:
         s = self._settings
-        client = AsyncModbusTcpClient(
-            s.host,
-            port=s.port,
-            framer=FramerType.RTU if s.framer == "rtu" else FramerType.SOCKET,
-            name=f"modbus:{s.name}",
-            timeout=s.timeout_s,
-            retries=0,
-            reconnect_delay=0,  # no reconnect task inside pymodbus: this module owns it
-            reconnect_delay_max=0,
-        )
+        client: _Client
+        serial_port = getattr(s, "serial_port", None)
+        if serial_port:  # ModbusSerialTargetSettings, or a daemon's target with the same fields
+            client = AsyncModbusSerialClient(
+                serial_port,
+                framer=FramerType.RTU,
+                baudrate=getattr(s, "baudrate", 19200),
+                bytesize=getattr(s, "bytesize", 8),
+                parity=getattr(s, "parity", "E"),
+                stopbits=getattr(s, "stopbits", 1),
+                name=f"modbus:{s.name}",
+                timeout=s.timeout_s,
+                retries=0,
+                reconnect_delay=0,
+                reconnect_delay_max=0,
+            )
+        else:
+            client = AsyncModbusTcpClient(
+                s.host,
+                port=s.port,
+                framer=FramerType.RTU if s.framer == "rtu" else FramerType.SOCKET,
+                name=f"modbus:{s.name}",
+                timeout=s.timeout_s,
+                retries=0,
+                reconnect_delay=0,  # no reconnect task inside pymodbus: this module owns it
+                reconnect_delay_max=0,
+            )
         ctx = getattr(client, "ctx", None)
         if ctx is None or not hasattr(ctx, "framer") or not hasattr(ctx, "max_buffer_size"):
             raise RuntimeError(
@@ -666,7 +721,8 @@ class ModbusDevice:
         try:
             async with asyncio.timeout(self._settings.timeout_s + OUTER_TIMEOUT_MARGIN_S):
                 ok = bool(await client.connect())
-        except (TimeoutError, OSError, ModbusException) as err:
+        except (TimeoutError, OSError, ModbusException, _SERIAL_SETUP_ERROR) as err:
+            # a serial port that refuses its settings (termios EINVAL) is "not connected"
             self._log.debug("modbus_connect_error", error=str(err))
         if not ok:
             client.close()
@@ -752,7 +808,7 @@ class ModbusDevice:
     # -- requests ------------------------------------------------------------------------------
 
     async def _transact(
-        self, expect: _Expect, call: Callable[[AsyncModbusTcpClient], Awaitable[Any]]
+        self, expect: _Expect, call: Callable[[_Client], Awaitable[Any]]
     ) -> Any:
         """Send one request through the current client; typed errors only."""
         client = self._client
@@ -827,7 +883,7 @@ class ModbusDevice:
         unit = self._settings.unit_id
         method = _READ_CALLS[fc]
 
-        def call(c: AsyncModbusTcpClient) -> Awaitable[Any]:
+        def call(c: _Client) -> Awaitable[Any]:
             fn: Callable[..., Awaitable[Any]] = getattr(c, method)
             return fn(block.start, count=block.count, device_id=unit)
 
@@ -846,21 +902,21 @@ class ModbusDevice:
             expect = _Expect(unit, 5, echo=struct.pack(">HH", p.address, 0xFF00 if on else 0),
                              no_response=broadcast)
 
-            def call(c: AsyncModbusTcpClient) -> Awaitable[Any]:
+            def call(c: _Client) -> Awaitable[Any]:
                 return c.write_coil(p.address, on, device_id=unit,
                                     no_response_expected=broadcast)
         elif len(regs) == 1:
             expect = _Expect(unit, 6, echo=struct.pack(">HH", p.address, regs[0]),
                              no_response=broadcast)
 
-            def call(c: AsyncModbusTcpClient) -> Awaitable[Any]:
+            def call(c: _Client) -> Awaitable[Any]:
                 return c.write_register(p.address, regs[0], device_id=unit,
                                         no_response_expected=broadcast)
         else:
             expect = _Expect(unit, 16, echo=struct.pack(">HH", p.address, len(regs)),
                              no_response=broadcast)
 
-            def call(c: AsyncModbusTcpClient) -> Awaitable[Any]:
+            def call(c: _Client) -> Awaitable[Any]:
                 return c.write_registers(p.address, regs, device_id=unit,
                                          no_response_expected=broadcast)
 
@@ -1076,4 +1132,4 @@ class ModbusDevice:
             )
 
 
-__all__ = ["ModbusDevice", "ModbusStats"]
+__all__ = ["ModbusDevice", "ModbusSerialTargetSettings", "ModbusStats"]

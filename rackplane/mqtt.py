@@ -28,6 +28,13 @@ What the link guarantees (and how it is tested, tests/adapters/test_mqtt.py):
   in arrival order and yields to the event loop after each message (BR-24 d). Nothing is ever
   discarded on the way in; the FIFO's depth and high-water mark are in `stats`.
 - A handler exception is logged and counted (`stats.handler_errors`); dispatch goes on.
+- On MQTT v5 a subscription may ask for Retain As Published (``subscribe(...,
+  retain_as_published=True)``, MQTT 5.0 §3.8.3.1): the broker then keeps the RETAIN flag of a
+  message delivered live, so a command *published* retained is seen as retained and refused
+  even when it arrives on an established subscription. MQTT 3.1.1 has no such option: there a
+  live delivery always carries RETAIN 0 (MQTT 3.1.1 §3.3.1.3) and only deliveries from the
+  retained store (at subscribe time) are flagged (docs/COMMANDS.md, "Retained commands").
+- ``announce=False`` makes a client link (the ``rackctl`` CLI): no ``status`` topic, no Will.
 - Nothing here blocks the event loop: the TCP/TLS connect runs in a worker thread (aiomqtt),
   everything else is non-blocking socket I/O driven by the loop.
 
@@ -50,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import enum
 import inspect
 import json
@@ -64,9 +72,11 @@ from typing import Any, Literal
 
 import aiomqtt
 import paho.mqtt.client as paho
+from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from rackplane.clock import Clock
 from rackplane.config import secret_from_env
@@ -79,6 +89,7 @@ __all__ = [
     "Message",
     "MqttLink",
     "MqttStats",
+    "PublishRefused",
     "Topics",
     "encode_json",
     "topic_matches",
@@ -97,6 +108,34 @@ _FAILED_BATCH_PAUSE_S = 0.2  # pause after a batch with failures, so a stuck pub
 # own mqtt_* events (once per change), so the library's logger only passes CRITICAL through.
 _LIB_LOG = logging.getLogger("rackplane.mqtt.lib")
 _LIB_LOG.setLevel(logging.CRITICAL)
+
+# The packet id of the last publish started in this task (set by `_Client`'s wrapper around
+# paho's publish, which aiomqtt calls synchronously inside its own publish coroutine): how
+# `_publish_raw` finds the MQTT v5 PUBACK reason code of its own message.
+_PUBLISH_MID: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "rackplane_publish_mid", default=None
+)
+_REFUSALS_KEPT = 1000  # PUBACK refusals nobody waited for (cancelled publishes) are bounded
+
+
+class PublishRefused(MqttError):
+    """`MqttLink.publish` was refused by an MQTT v5 broker (PUBACK reason code >= 0x80, e.g.
+    0x87 not authorized: the ACL does not let this user write the topic). ``reason`` is the
+    broker's reason, e.g. ``Not authorized (0x87)``."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+class _PublishRefused(Exception):
+    """The broker acknowledged a QoS 1/2 publish with a failure reason code (MQTT v5, e.g.
+    0x87 not authorized by the ACL). Never retried: it would be refused again."""
+
+    def __init__(self, topic: str, reason: str) -> None:
+        self.topic = topic
+        self.reason = reason
+        super().__init__(f"the broker refused the publish to {topic}: {reason}")
 
 
 def encode_json(payload: Any) -> bytes:
@@ -312,7 +351,12 @@ class MqttStats:
         handler_errors: handler calls that raised. unrouted: messages no handler matched.
         publish_errors / subscribe_errors: publishes not confirmed (they are retried except
             generic `publish()`), filters the broker refused.
+        publish_refused: publishes a v5 broker refused in its PUBACK (ACL); dropped, never
+            retried, logged once per topic.
         inbox_depth / inbox_max_depth: messages waiting for dispatch now / at most so far.
+        last_connect_error: why the last connect attempt failed (None after a success).
+        connack_refusals: connects the broker refused in its CONNACK (bad credentials, not
+            authorised): a client that cannot log in, not a network problem.
     """
 
     connected: bool = False
@@ -331,6 +375,9 @@ class MqttStats:
     subscribe_errors: int = 0
     inbox_depth: int = 0
     inbox_max_depth: int = 0
+    last_connect_error: str | None = None
+    connack_refusals: int = 0
+    publish_refused: int = 0
 
 
 class _Kind(enum.Enum):
@@ -366,6 +413,7 @@ class _Sub:
     qos: int
     handlers: list[Handler] = field(default_factory=list)
     errors: int = 0
+    retain_as_published: bool = False
 
 
 class _Client(aiomqtt.Client):
@@ -384,6 +432,30 @@ class _Client(aiomqtt.Client):
         self._client.connect_timeout = connect_timeout_s
         # Our sender keeps a batch of publishes in flight: aiomqtt would warn past 10.
         self.pending_calls_threshold = 10 * _SEND_BATCH
+        # mid -> reason of a v5 PUBACK with a failure code (aiomqtt ignores reason codes).
+        self.publish_refusals: dict[int, str] = {}
+        paho_publish = self._client.publish
+
+        def publish_noting_mid(*args: Any, **kwargs: Any) -> paho.MQTTMessageInfo:
+            info = paho_publish(*args, **kwargs)
+            _PUBLISH_MID.set(info.mid)
+            return info
+
+        self._client.publish = publish_noting_mid  # type: ignore[method-assign]
+
+    def _on_publish(
+        self,
+        client: paho.Client,
+        userdata: Any,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties,
+    ) -> None:
+        if isinstance(reason_code, ReasonCode) and reason_code.is_failure:
+            self.publish_refusals[mid] = f"{reason_code} (0x{reason_code.value:02x})"
+            while len(self.publish_refusals) > _REFUSALS_KEPT:
+                del self.publish_refusals[next(iter(self.publish_refusals))]
+        super()._on_publish(client, userdata, mid, reason_code, properties)
 
     def _on_connect(
         self,
@@ -454,6 +526,9 @@ class MqttLink:
         clock: monotonic time for stats and `Message.received_mono`; wall time for
             ``since_ns`` in status payloads.
         log: structlog logger; default ``get_logger("rackplane.mqtt", daemon=daemon)``.
+        announce: True (a daemon): publish ``status`` online/stopping/offline and set the
+            Will. False (a client such as the rackctl CLI): neither, so a client that may only
+            command or read (broker ACL) never publishes outside its rights.
 
     Raises:
         ConfigError: ``settings.password_env`` is named but not set.
@@ -472,10 +547,12 @@ class MqttLink:
         *,
         clock: Clock,
         log: Any = None,
+        announce: bool = True,
     ) -> None:
         self.settings = settings
         self.identity = identity
         self.daemon = daemon
+        self.announce = announce
         self.topics = Topics(settings.topic_root, identity, daemon)
         self.client_id = settings.client_id or f"{daemon}-{identity.site}-{identity.rack}"
         self._clock = clock
@@ -508,16 +585,30 @@ class MqttLink:
         self._run_done = asyncio.Event()
         self._running = False
         self._background: set[asyncio.Future[Any]] = set()  # abandoned connects being closed
+        self._refused_topics: set[str] = set()
 
     # --- subscriptions ------------------------------------------------------------------
 
-    def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
+    def subscribe(
+        self,
+        topic_filter: str,
+        handler: Handler,
+        qos: int = 1,
+        *,
+        retain_as_published: bool = False,
+    ) -> None:
         """Route messages matching ``topic_filter`` to ``handler``; before or after `run()`.
 
         The filter is (re)subscribed on every successful connect. Several handlers may share
-        a filter (the highest requested QoS is used). Avoid overlapping filters: a broker may
-        deliver one copy per matching subscription, and each copy goes to every handler whose
-        filter matches.
+        a filter (the highest requested QoS is used; Retain As Published if any asks for it).
+        Avoid overlapping filters: a broker may deliver one copy per matching subscription,
+        and each copy goes to every handler whose filter matches.
+
+        Args:
+            retain_as_published: MQTT v5 only (ignored on 3.1.1): ask the broker to keep the
+                RETAIN flag as published on live deliveries, so `Message.retain` tells a
+                message published retained from one that was not (the command router uses
+                it to refuse retained commands, DESIGN §3).
 
         Raises:
             ValueError: invalid filter or qos not 0, 1 or 2.
@@ -527,13 +618,17 @@ class MqttLink:
             raise ValueError(f"qos must be 0, 1 or 2, not {qos!r}")
         sub = self._subs.get(topic_filter)
         if sub is None:
-            self._subs[topic_filter] = _Sub(qos=qos, handlers=[handler])
+            self._subs[topic_filter] = _Sub(qos=qos, handlers=[handler],
+                                            retain_as_published=retain_as_published)
         else:
             sub.handlers.append(handler)
+            changed = False
             if qos > sub.qos:
-                sub.qos = qos
-                if self._conn is not None:
-                    self._conn.attempted.discard(topic_filter)  # re-subscribe with higher QoS
+                sub.qos, changed = qos, True
+            if retain_as_published and not sub.retain_as_published:
+                sub.retain_as_published, changed = True, True
+            if changed and self._conn is not None:
+                self._conn.attempted.discard(topic_filter)  # re-subscribe with the new options
         self._wake.set()
 
     @property
@@ -681,25 +776,38 @@ class MqttLink:
         payload: bytes | str | Mapping[str, Any] | Sequence[Any],
         qos: int = 1,
         retain: bool = False,
+        *,
+        response_topic: str | None = None,
+        correlation_data: bytes | None = None,
     ) -> None:
         """Publish now and wait for the broker's PUBACK (QoS 1/2) or the socket write (QoS 0).
 
         Not queued: use it when the caller wants to know. bytes go as they are, str as
-        UTF-8, anything else as compact JSON.
+        UTF-8, anything else as compact JSON. ``response_topic`` and ``correlation_data`` are
+        MQTT v5 properties (a request, e.g. a command from rackctl); on 3.1.1 they are not
+        sent (the reply then comes on ``cmd/<user>/<verb>/result``).
+
+        A v5 broker that refuses the publish (e.g. ACL: PUBACK reason 0x87 "not authorized")
+        raises MqttError; a 3.1.1 broker cannot say so (Mosquitto acknowledges and drops it).
 
         Raises:
-            ValueError / TypeError: invalid topic, qos or payload (at call time).
+            ValueError / TypeError: invalid topic, response topic, qos or payload (at call
+                time).
+            PublishRefused: a v5 broker refused it (an `MqttError`).
             MqttError: not connected, connection lost or no acknowledgement within
                 ``ack_timeout_s``.
         """
         validate_topic(topic)
+        if response_topic is not None:
+            validate_topic(response_topic)
         if qos not in (0, 1, 2):
             raise ValueError(f"qos must be 0, 1 or 2, not {qos!r}")
         data = _payload_bytes(payload)
         conn = self._conn
         if conn is None:
             raise MqttError(f"not connected to the MQTT broker; {topic} not published")
-        pub = asyncio.ensure_future(self._publish_raw(conn, topic, data, qos, retain))
+        pub = asyncio.ensure_future(self._publish_raw(
+            conn, topic, data, qos, retain, correlation_data, response_topic))
         lost = asyncio.ensure_future(conn.lost.wait())
         try:
             await asyncio.wait({pub, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -713,6 +821,8 @@ class MqttLink:
             self._stats.publish_errors += 1
             raise MqttError(f"connection lost before {topic} was acknowledged")
         err = pub.exception()
+        if isinstance(err, _PublishRefused):
+            raise PublishRefused(str(err), reason=err.reason) from None
         if err is not None:
             self._stats.publish_errors += 1
             raise MqttError(f"publish to {topic} failed: {err}") from err
@@ -747,6 +857,9 @@ class MqttLink:
                     conn = await self._connect()
                 except Exception as err:  # refused, timeout, CONNACK refusal, TLS files, ...
                     text = str(err) if isinstance(err, aiomqtt.MqttError) else repr(err)
+                    self._stats.last_connect_error = text
+                    if isinstance(err, MqttConnectError):
+                        self._stats.connack_refusals += 1
                     if failing_since is None or text != last_error:
                         # Logged once per kind of failure, not once per attempt.
                         failing_since = failing_since or self._clock.monotonic()
@@ -814,7 +927,7 @@ class MqttLink:
             payload=encode_json(self._status_payload("offline", None, online_since_ns=attempt_ns)),
             qos=1,
             retain=True,
-        )
+        ) if self.announce else None
         props: Properties | None = None
         if v5:
             props = Properties(PacketTypes.CONNECT)
@@ -869,6 +982,7 @@ class MqttLink:
                 raise err
             raise aiomqtt.MqttError(f"connect failed: {err!r}") from err
         now = self._clock.monotonic()
+        self._stats.last_connect_error = None
         self._stats.connects += 1
         if self._stats.connects > 1:
             self._stats.reconnects += 1
@@ -974,13 +1088,15 @@ class MqttLink:
             return max(deadline - loop.time(), 0.0)
 
         try:
-            await asyncio.wait_for(self._publish_status(conn, "stopping"), left())
+            if self.announce:
+                await asyncio.wait_for(self._publish_status(conn, "stopping"), left())
             while left() > 0 and not conn.lost.is_set():
                 batch = self._next_batch()
                 if not batch:
                     break
                 await asyncio.wait_for(self._send_batch(conn, batch), left())
-            await asyncio.wait_for(self._publish_status(conn, "offline"), left())
+            if self.announce:
+                await asyncio.wait_for(self._publish_status(conn, "offline"), left())
         except (TimeoutError, aiomqtt.MqttError, OSError) as err:
             self._log.warning("mqtt_stop_incomplete", error=repr(err))
         await self._close(conn, graceful=not conn.lost.is_set(), timeout_s=max(left(), 0.5))
@@ -998,7 +1114,8 @@ class MqttLink:
     async def _work(self, conn: _Conn) -> None:
         """Subscribe, announce online, re-send state/alarms, then send queued messages."""
         await self._sync_subscriptions(conn)
-        await self._publish_status(conn, "online")
+        if self.announce:
+            await self._publish_status(conn, "online")
         for thing in self._state:
             self._state_dirty[thing] = None
         for alarm_id in self._alarms:
@@ -1023,11 +1140,18 @@ class MqttLink:
     async def _sync_subscriptions(self, conn: _Conn) -> None:
         """One SUBSCRIBE for every registered filter not yet sent on this connection. A filter
         the broker refuses (ACL) is logged and counted, and tried again on the next connect."""
-        todo = [(f, sub.qos) for f, sub in self._subs.items() if f not in conn.attempted]
+        todo = [(f, sub) for f, sub in self._subs.items() if f not in conn.attempted]
         if not todo:
             return
         conn.attempted.update(f for f, _ in todo)
-        codes: Sequence[ReasonCode | int] = await conn.client.subscribe(todo)
+        request: list[tuple[str, Any]]
+        if self.settings.protocol == "5":
+            request = [(f, SubscribeOptions(qos=sub.qos,
+                                            retainAsPublished=sub.retain_as_published))
+                       for f, sub in todo]
+        else:
+            request = [(f, sub.qos) for f, sub in todo]
+        codes: Sequence[ReasonCode | int] = await conn.client.subscribe(request)
         for (topic_filter, _qos), code in zip(todo, codes, strict=False):
             failed = code.is_failure if isinstance(code, ReasonCode) else code >= 0x80
             if failed:
@@ -1044,7 +1168,11 @@ class MqttLink:
                               ) -> None:
         since = self._clock.wall_ns()
         data = encode_json(self._status_payload(status, since))
-        await self._publish_raw(conn, self.topics.status, data, 1, True)
+        try:
+            await self._publish_raw(conn, self.topics.status, data, 1, True)
+        except _PublishRefused as err:
+            self._refused_once(err)
+            return
         self._stats.messages_out += 1
 
     def _status_payload(
@@ -1066,13 +1194,23 @@ class MqttLink:
 
     async def _publish_raw(
         self, conn: _Conn, topic: str, data: bytes, qos: int, retain: bool,
-        correlation_data: bytes | None = None,
+        correlation_data: bytes | None = None, response_topic: str | None = None,
     ) -> None:
         props: Properties | None = None
-        if correlation_data is not None and self.settings.protocol == "5":
+        if self.settings.protocol == "5" and (correlation_data is not None or response_topic):
             props = Properties(PacketTypes.PUBLISH)
-            props.CorrelationData = correlation_data
+            if correlation_data is not None:
+                props.CorrelationData = correlation_data
+            if response_topic:
+                props.ResponseTopic = response_topic
+        _PUBLISH_MID.set(None)
         await conn.client.publish(topic, data, qos, retain, props)
+        mid = _PUBLISH_MID.get()
+        if qos > 0 and mid is not None:
+            reason = conn.client.publish_refusals.pop(mid, None)
+            if reason is not None:
+                self._stats.publish_refused += 1
+                raise _PublishRefused(topic, reason)
 
     def _has_pending(self) -> bool:
         return bool(self._alarm_dirty or self._state_dirty or self._outbox or self._telemetry)
@@ -1095,6 +1233,25 @@ class MqttLink:
         return batch
 
     async def _send_one(self, conn: _Conn, item: _Item) -> None:
+        try:
+            await self._send_one_raw(conn, item)
+        except _PublishRefused as err:
+            item.sent = True  # refused, not lost in transit: never retried
+            self._refused_once(err)
+            return
+        item.sent = True
+        self._stats.messages_out += 1
+
+    def _refused_once(self, err: _PublishRefused) -> None:
+        """Log a refused publish once per topic (bounded), e.g. an ACL without the right."""
+        if err.topic in self._refused_topics:
+            return
+        if len(self._refused_topics) < 1000:
+            self._refused_topics.add(err.topic)
+        self._log.error("mqtt_publish_refused", topic=err.topic, reason=err.reason,
+                        note="check the broker's ACL for this user; not retried")
+
+    async def _send_one_raw(self, conn: _Conn, item: _Item) -> None:
         if item.kind is _Kind.STATE:
             await self._publish_raw(
                 conn, self.topics.state(item.key), self._state[item.key], 1, True
@@ -1106,8 +1263,6 @@ class MqttLink:
             assert item.out is not None
             o = item.out
             await self._publish_raw(conn, o.topic, o.payload, o.qos, o.retain, o.correlation_data)
-        item.sent = True
-        self._stats.messages_out += 1
 
     async def _send_batch(self, conn: _Conn, batch: list[_Item]) -> bool:
         """Send a batch with all publishes in flight at once (paho keeps their order).

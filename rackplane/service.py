@@ -151,7 +151,8 @@ class Daemon(Protocol):
 
 
 async def run_daemon(daemon: Daemon, name: str) -> int:
-    """Run ``daemon`` until SIGTERM/SIGINT; SIGHUP calls ``daemon.reload()``.
+    """Run ``daemon`` until SIGTERM/SIGINT; SIGHUP calls ``daemon.reload()``; the daemon's
+    ``selfmetrics`` endpoint, if it has one, is started before and stopped after ``run``.
 
     Returns the process exit code (0 after a clean stop).
     """
@@ -174,11 +175,18 @@ async def run_daemon(daemon: Daemon, name: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _stop, sig.name)
     loop.add_signal_handler(signal.SIGHUP, _reload)
+    # A daemon with a `rackplane.selfmetrics.SelfMetrics` as ``selfmetrics`` gets its
+    # /metrics endpoint (when configured) served for as long as it runs.
+    metrics = getattr(daemon, "selfmetrics", None)
+    if metrics is not None:
+        metrics.start()
     try:
         await daemon.run(stop)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
+        if metrics is not None:
+            metrics.stop()
     return 0
 
 

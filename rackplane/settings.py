@@ -19,6 +19,14 @@ from rackplane.config import StrictModel
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 
+def _state_directory() -> Path | None:
+    """The first folder of systemd's ``$STATE_DIRECTORY`` (StateDirectory=), or None."""
+    import os
+
+    first = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return Path(first) if first else None
+
+
 def resolve_path(value: Path, info: ValidationInfo) -> Path:
     """Resolve a relative path against the config file's folder (``base_dir`` in context)."""
     base = (info.context or {}).get("base_dir")
@@ -52,7 +60,11 @@ class TlsSettings(StrictModel):
     cert_file: Path | None = None
     key_file: Path | None = None
 
-    _resolve = field_validator("ca_file", "cert_file", "key_file")(resolve_path)
+    @field_validator("ca_file", "cert_file", "key_file")
+    @classmethod
+    def _resolve(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        # None (no client certificate) passes: validate_default runs this on the defaults.
+        return None if v is None else resolve_path(v, info)
 
     @model_validator(mode="after")
     def _pair(self) -> TlsSettings:
@@ -140,7 +152,15 @@ class SpoolSettings(StrictModel):
         "Telemetry buffering: >= 10,000 points in RAM)"
     )
 
-    _resolve = field_validator("directory")(resolve_path)
+    @field_validator("directory")
+    @classmethod
+    def _resolve(cls, v: Path, info: ValidationInfo) -> Path:
+        # Under systemd a relative spool lives in $STATE_DIRECTORY (the one writable place
+        # under ProtectSystem=strict), never next to a config file in /etc.
+        state_dir = _state_directory()
+        if not v.is_absolute() and state_dir is not None:
+            return (state_dir / v).resolve()
+        return resolve_path(v, info)
 
     @model_validator(mode="after")
     def _sizes(self) -> SpoolSettings:
@@ -286,6 +306,22 @@ class CommandSettings(StrictModel):
         "answered with its first reply and never applied twice (BR-22 a). Keep it above the "
         "number of commands expected within ttl_s",
     )
+    lease_default_ttl_s: float = Field(
+        600.0, gt=0, le=86_400, allow_inf_nan=False,
+        description="expiry of a lease taken without ttl_s (acquire_lease): an operator who "
+        "forgets to release hands the output back to automation after this long",
+    )
+    lease_max_ttl_s: float = Field(
+        28_800.0, gt=0, le=86_400, allow_inf_nan=False,
+        description="longest lease a client may ask for (8 h, the same bound as ISA-18.2 "
+        "time-limited alarm shelving in rackplane.alarms); renew to keep it longer",
+    )
+
+    @model_validator(mode="after")
+    def _lease_ttls(self) -> CommandSettings:
+        if self.lease_default_ttl_s > self.lease_max_ttl_s:
+            raise ValueError("lease_default_ttl_s must be <= lease_max_ttl_s")
+        return self
 
     @field_validator("users")
     @classmethod
@@ -297,6 +333,45 @@ class CommandSettings(StrictModel):
                     "'#'): it is the <user> level of cmd/<user>/<verb>"
                 )
         return v
+
+
+class MetricsSettings(StrictModel):
+    """Self-metrics (issue 7): tick lateness, PV age, spool depth, drops, reconnects, rejected
+    commands. Always in ``state/health`` and in the time series (measurement ``daemon``);
+    ``listen`` also serves them on a Prometheus ``/metrics`` endpoint (off by default)."""
+
+    listen: str | None = Field(
+        None, description='host:port of the Prometheus /metrics endpoint, e.g. '
+        '"127.0.0.1:9108"; unset: no endpoint (keep it on loopback or a management network: '
+        "it has no authentication)",
+    )
+    interval_s: float = Field(
+        10.0, ge=1.0, le=300.0, allow_inf_nan=False,
+        description="how often self-metrics go into the time series",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parse_listen(v)
+        return v
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``"host:port"`` (IPv6 as ``"[::1]:9108"``) -> (host, port).
+
+    Raises:
+        ValueError: no port, a port outside 0..65535, or an empty host.
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"must be host:port with a port 0-65535 (0: any free port), not {value!r}")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host:
+        raise ValueError(f"must name a host (e.g. 127.0.0.1:{port}), not {value!r}")
+    return host, int(port)
 
 
 class LogSettings(StrictModel):

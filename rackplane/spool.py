@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rackplane.errors import SpoolError
+from rackplane.errors import ConfigError, SpoolError
 from rackplane.log import get_logger
 from rackplane.settings import SpoolSettings
 
@@ -983,6 +983,65 @@ class Spool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_format(directory: Path) -> None:
+    """Check that the spool in ``directory`` is one this build reads, without opening it for
+    writing (no lock, no repair, nothing changed): for ``--check-config``, so an upgrade or a
+    rollback across a spool format change is reported before the daemon starts.
+
+    A missing or empty folder passes. A segment torn at creation (empty or partial header)
+    passes: opening repairs it.
+
+    Raises:
+        SpoolError: a segment or the cursor of another format version (both versions named),
+            a foreign file named like a segment, or an unreadable file.
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        return
+    sp = Spool(d, readonly=True)  # reads (and checks) the cursor; never writes it
+    try:
+        for sid in sp._list_ids():  # every segment-named file, short ones included
+            path = sp._path(sid)
+            try:
+                with path.open("rb") as fh:
+                    head = fh.read(64)
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise SpoolError(f"cannot read spool segment {path}: {err}") from None
+            stripped = head.rstrip(b"\x00")
+            if len(stripped) < HEADER_LEN and HEADER.startswith(stripped):
+                continue
+            m = _HEADER_RE.match(head)
+            if m is None:
+                raise SpoolError(
+                    f"{path} is not a rackplane spool segment (no '# rackplane-spool vN' "
+                    "header); move it out of the spool folder"
+                )
+            if int(m.group(1)) != FORMAT_VERSION:
+                raise SpoolError(
+                    f"{path} was written in spool format v{int(m.group(1))}; this rackplane "
+                    f"reads v{FORMAT_VERSION} only. Run the rackplane version that wrote it to "
+                    "drain or replay it, or move the spool folder aside"
+                )
+    finally:
+        sp.close()
+
+
+def check_spool_config(key: str, directory: Path) -> None:
+    """`check_format` for config loading (``--check-config``): one line in a daemon's loader,
+    ``check_spool_config("spool.directory", effective_spool(cfg.spool).directory)``.
+
+    Raises:
+        ConfigError: naming ``key``, with the `SpoolError`'s message.
+    """
+    try:
+        check_format(directory)
+    except SpoolError as err:
+        msg = f"{key}: {err}"
+        raise ConfigError(f"invalid configuration:\n  {msg}", problems=[msg]) from None
 
 
 def _cursor_crc(seq: int, segment: int, offset: int) -> int:

@@ -87,6 +87,19 @@ _T = TypeVar("_T")
 
 FieldValue = float | int | bool | None
 
+EVENT_MEASUREMENTS = frozenset({"alarm", "command", "event"})
+"""Measurements that record events (alarm changes, command audits): never dropped to make
+room for telemetry when the spool cannot be written (`TelemetryWriter` memory bound)."""
+EVENT_MEMORY_FACTOR = 10
+"""Events may fill this many times ``memory_max_lines`` before the oldest are dropped."""
+_MEASUREMENT_RE = re.compile(r"^(?:[^\\, ]|\\.)*")
+
+
+def line_measurement(line: str) -> str:
+    """The measurement of a line-protocol line (up to the first unescaped comma or space)."""
+    m = _MEASUREMENT_RE.match(line)
+    return m.group(0) if m else ""
+
 
 # --- line building -----------------------------------------------------------------------
 
@@ -411,9 +424,11 @@ class TelemetryStats:
         sent: lines the database accepted (2xx).
         rejected: lines the database refused as invalid (400/422, or 413 for a single line):
             dropped, logged, never retried.
-        dropped: lines lost otherwise: ``dropped_by_bound + dropped_memory + dropped_closed``.
+        dropped: lines lost otherwise: ``dropped_by_bound + dropped_memory + dropped_closed
+            + dropped_events``.
         dropped_by_bound: unacked lines removed by the spool bound (embedded mode: rotation).
-        dropped_memory: lines dropped because the spool could not be written and memory was full.
+        dropped_memory: telemetry lines dropped because the spool could not be written and
+            memory was full (oldest first; event lines are kept, see `EVENT_MEASUREMENTS`).
         dropped_closed: lines written after ``close()``.
         depth_lines: lines waiting (memory + spool).
         depth_bytes: spool bytes waiting.
@@ -429,6 +444,8 @@ class TelemetryStats:
         segments: spool segment files.
         backoff_s: the current retry delay (0 when healthy).
         batch_limit: the current batch size (smaller than ``batch_lines`` after a 413).
+        dropped_events: event lines (alarms, command audits) dropped because events alone
+            exceeded ``EVENT_MEMORY_FACTOR`` x ``memory_max_lines`` in memory.
     """
 
     spooled: int
@@ -452,6 +469,7 @@ class TelemetryStats:
     segments: int
     backoff_s: float
     batch_limit: int
+    dropped_events: int = 0
 
 
 @dataclass(slots=True)
@@ -514,6 +532,7 @@ class TelemetryWriter:
         self._sent = 0
         self._rejected = 0
         self._dropped_memory = 0
+        self._dropped_events = 0
         self._dropped_closed = 0
         self._retries = 0
         self._last_error: str | None = None
@@ -695,15 +714,41 @@ class TelemetryWriter:
         self._spool_error = str(err)
 
     def _bound_memory(self) -> None:
-        excess = len(self._pending) - self._spool_settings.memory_max_lines
-        if excess > 0:
-            del self._pending[:excess]
+        """Keep memory within ``memory_max_lines`` while the spool cannot take the lines.
+
+        Policy (issue 7, stated in docs/OPERATIONS.md): the *oldest telemetry* lines are
+        dropped first and counted in ``dropped_memory``; event lines (measurements in
+        `EVENT_MEASUREMENTS`: alarms, command audits) are never dropped for telemetry. Only
+        when events alone exceed ``EVENT_MEMORY_FACTOR`` x the bound (a spool down for a very
+        long time) are the oldest events dropped, counted in ``dropped_events``.
+        """
+        limit = self._spool_settings.memory_max_lines
+        excess = len(self._pending) - limit
+        if excess <= 0:
+            return
+        keep: list[str] = []
+        dropped = 0
+        for line in self._pending:
+            if dropped < excess and line_measurement(line) not in EVENT_MEASUREMENTS:
+                dropped += 1
+                continue
+            keep.append(line)
+        over = len(keep) - limit * EVENT_MEMORY_FACTOR
+        if over > 0:  # events alone are far past the bound: the oldest go, counted apart
+            del keep[:over]
+            if self._dropped_events == 0:
+                self._log.critical("telemetry_memory_full_dropping_events",
+                                   limit=limit * EVENT_MEMORY_FACTOR)
+            self._dropped_events += over
+        self._pending = keep
+        if dropped:
             if self._dropped_memory == 0:
                 self._log.error(
                     "telemetry_memory_full_dropping_oldest",
-                    memory_max_lines=self._spool_settings.memory_max_lines,
+                    memory_max_lines=limit,
+                    policy="oldest telemetry first; alarms and command audits kept",
                 )
-            self._dropped_memory += excess
+            self._dropped_memory += dropped
 
     def _start_fsync(self) -> asyncio.Future[None] | None:
         """Start an fsync in a daemon thread unless one is running (a slow disk never
@@ -1020,7 +1065,7 @@ class TelemetryWriter:
             spooled=self._spooled,
             sent=self._sent,
             rejected=self._rejected,
-            dropped=bound + self._dropped_memory + self._dropped_closed,
+            dropped=bound + self._dropped_memory + self._dropped_closed + self._dropped_events,
             dropped_by_bound=bound,
             dropped_memory=self._dropped_memory,
             dropped_closed=self._dropped_closed,
@@ -1038,6 +1083,7 @@ class TelemetryWriter:
             segments=sp.segments if sp else 0,
             backoff_s=self._backoff,
             batch_limit=self._batch_limit,
+            dropped_events=self._dropped_events,
         )
 
 

@@ -39,9 +39,18 @@ Deliberate choices where REFERENCE leaves room (each also in the docstring it co
 * The GPU plates are a side model: their heat capacity is part of ``C_metal`` of the rack node,
   so the energy balance (`stored_energy_kj`) counts the rack node, CDU node and pipes only.
 * Pumps: the running pump with the highest speed sets the flow (§4.2 item 2,
-  ``Q* = Q_max·max(n_A, n_B)``); changing the duty pump ramps the new one up and the old one
-  down at the VFD rate. The changeover *delay* (0.25 s, §4.3) is the controller's, not the
-  plant's.
+  ``Q* = Q_max·max(n_A, n_B)``); changing the duty pump ramps the new one up at the VFD rate;
+  a healthy old duty pump keeps running until the new one is at speed (the CDU's changeover
+  sequence [U]), a tripped one coasts. The changeover *delay* (0.25 s, §4.3) is the
+  controller's, not the plant's. Each pump reports running, fault (trip), speed and run
+  hours (accumulated while turning).
+* Second facility valve (``second_valve``, default on): in parallel with the first, same
+  characteristic and stroke; the facility flows add, capped at ``facility_max_flow_lps`` [U].
+* Rack liquid isolation valves (``rack_isolation_command``): the secondary flow scales with
+  their opening (linear, ``rack_isolation_stroke_s`` full stroke [U]); closed, no coolant
+  reaches the rack and the leaks (downstream of them) stop draining the loop. There is no
+  bypass: the pumps deadhead (a real CDU would open its bypass).
+* Reservoir level falls with the inventory lost; filter ΔP ∝ Q² × fouling [U].
 * The valve is equal-percentage above its seat: ``Qp = Qp_max·R^(x−1)`` for x > 0, and 0 at
   x = 0 exactly ("x = 0 means closed", §4.2 item 1), so it cannot throttle below Qp_max/R.
 * The rack (rack node + GPU trays) is its own class, `RackThermal`, fed an inlet temperature,
@@ -78,8 +87,8 @@ __all__ = [
 
 ATM_KPA = 101.325
 
-#: Points `CduPlant.readings` returns: the register map (config/registers/cdu-generic.toml)
-#: plus ``local_control`` (1.0 while the CDU runs its own loop; not yet in the register map).
+#: Points `CduPlant.readings` returns: exactly the register map's points
+#: (config/registers/cdu-generic.toml).
 READING_POINTS: tuple[str, ...] = (
     "supply_temp_c",
     "return_temp_c",
@@ -98,7 +107,29 @@ READING_POINTS: tuple[str, ...] = (
     "heartbeat",
     "supply_temp_setpoint_c",
     "local_control",
+    "pump_a_running",
+    "pump_a_fault",
+    "pump_a_speed_pct",
+    "pump_a_run_hours_h",
+    "pump_b_running",
+    "pump_b_fault",
+    "pump_b_speed_pct",
+    "pump_b_run_hours_h",
+    "reservoir_level_pct",
+    "filter_diff_pressure_kpa",
+    "valve_b_position_pct",
+    "rack_isolation_open",
+    "rack_isolation_closed",
+    "leak_rope_detected",
+    "leak_rope_sensor_fault",
+    "duty_pump_select",
+    "valve_b_command_pct",
+    "rack_isolation_command",
 )
+
+#: Pumps the register map names (index i -> ``pump_<letter>_*`` points); a plant with fewer
+#: pumps reads 0 for the missing ones.
+PUMP_LETTERS: tuple[str, ...] = ("a", "b")
 
 #: Writable points and their (write_min, write_max), as in config/registers/cdu-generic.toml.
 WRITABLE_POINTS: dict[str, tuple[float, float]] = {
@@ -106,6 +137,9 @@ WRITABLE_POINTS: dict[str, tuple[float, float]] = {
     "pump_speed_command_pct": (15.0, 100.0),
     "heartbeat": (0.0, 65535.0),
     "supply_temp_setpoint_c": (20.0, 60.0),
+    "duty_pump_select": (0.0, 1.0),
+    "valve_b_command_pct": (0.0, 100.0),
+    "rack_isolation_command": (0.0, 1.0),
 }
 
 
@@ -317,9 +351,35 @@ class CduParams(StrictModel):
     )
     return_sensor_bias_k: float = _f(0.0, "calibration bias of the return sensor, K")
     facility_sensor_bias_k: float = _f(0.0, "calibration bias of the facility supply sensor, K")
+    second_valve: bool = _f(
+        True,
+        "a second facility valve in parallel with the first (redundant; REF §1.5 Coolcentric: "
+        "'a second valve takes over'); closed unless commanded",
+    )
+    pump_initial_run_hours_h: tuple[float, ...] | None = _f(
+        None, "run hours of each pump at construction; None: 8000 h + 50 h per pump index [U]"
+    )
+    reservoir_volume_l: float = _f(
+        20.0, "reservoir (make-up tank) volume the level reading spans, L [U]", gt=0.0
+    )
+    reservoir_initial_level_pct: float = _f(
+        80.0, "reservoir level with the loop at its filled inventory, % [U]", ge=0.0, le=100.0
+    )
+    filter_diff_pressure_design_kpa: float = _f(
+        30.0,
+        "clean filter ΔP at design flow, kPa [U] (dirty alarm at 60 kPa: Vertiv 0.6 bar, "
+        "REF §1.5 [S])",
+        ge=0.0,
+    )
+    rack_isolation_stroke_s: float = _f(
+        10.0, "rack liquid isolation valves: full stroke time, s [U]", gt=0.0
+    )
 
     @model_validator(mode="after")
     def _check(self) -> CduParams:
+        h = self.pump_initial_run_hours_h
+        if h is not None and (len(h) != self.n_pumps or any(not v >= 0.0 for v in h)):
+            raise ValueError("pump_initial_run_hours_h needs n_pumps values >= 0")
         if self.design_flow_lps > self.max_flow_lps:
             raise ValueError("design_flow_lps must not exceed max_flow_lps")
         if 100.0 * self.design_flow_lps / self.max_flow_lps < self.pump_min_speed_pct:
@@ -430,6 +490,12 @@ class CduTruth:
     air_energy_kj: float
     hx_energy_kj: float
     pump_energy_kj: float
+    valve_b_position_pct: float = 0.0
+    valve_b_command_pct: float = 0.0
+    rack_isolation_open_pct: float = 100.0
+    reservoir_level_pct: float = 0.0
+    filter_diff_pressure_kpa: float = 0.0
+    pump_run_hours_h: tuple[float, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict (for logs and traces)."""
@@ -990,10 +1056,15 @@ class CduPlant:
         "_ce_liq",
         "_ce_pump",
         "_duty",
+        "_filter_foul",
+        "_handover_from",
         "_hb",
         "_hb_change_t",
         "_hb_timeout",
         "_hx_exp",
+        "_iso",
+        "_iso_cmd",
+        "_iso_rate",
         "_k_sys",
         "_leak_lps",
         "_ln_r",
@@ -1024,10 +1095,16 @@ class CduPlant:
         "_rhoc_p",
         "_rhoc_s",
         "_rng",
+        "_rng2",
+        "_rope_fault",
+        "_rope_leak",
+        "_run_h",
         "_s_dp",
+        "_s_filter",
         "_s_flow",
         "_s_fws",
         "_s_heat",
+        "_s_level",
         "_s_loop",
         "_s_ret",
         "_s_sa",
@@ -1049,8 +1126,12 @@ class CduPlant:
         "_valve_slow",
         "_valve_stuck",
         "_x",
+        "_x_b",
+        "_x_b_cmd",
         "_x_cmd",
         "_z",
+        "_z2",
+        "_z2i",
         "_zi",
     )
 
@@ -1107,8 +1188,30 @@ class CduPlant:
         self._x_cmd = 0.0
         self._qp = 0.0
         self._duty = 0
+        self._handover_from: int | None = None
         self._n = [0.0] * p.n_pumps
         self._tripped = [False] * p.n_pumps
+        self._run_h = list(p.pump_initial_run_hours_h or [8000.0 + 50.0 * i
+                                                          for i in range(p.n_pumps)])
+        self._x_b = 0.0
+        self._x_b_cmd = 0.0
+        self._iso = 1.0
+        self._iso_cmd = 1.0
+        self._iso_rate = 1.0 / p.rack_isolation_stroke_s
+        self._rope_leak = False
+        self._rope_fault = False
+        self._filter_foul = 1.0
+        # The issue-4 transmitters (level, filter ΔP) draw from their own stream, so the
+        # original sensors' noise (and every seeded figure built on it) is unchanged.
+        self._rng2 = np.random.Generator(np.random.PCG64([seed, 0x4C56]))
+        self._z2: list[float] = []
+        self._z2i = 0
+        self._s_level = Sensor(
+            "reservoir_level_pct", SensorParams(tau_s=5.0, noise_sigma=0.1, quantum=0.1)
+        )
+        self._s_filter = Sensor(
+            "filter_diff_pressure_kpa", SensorParams(tau_s=0.5, noise_sigma=0.3, quantum=0.1)
+        )
         self._n_cmd = p.design_flow_lps / p.max_flow_lps
         self._q = p.design_flow_lps
         self._t_ss = self._sp
@@ -1141,6 +1244,8 @@ class CduPlant:
                 self._s_dp,
                 self._s_heat,
                 self._s_loop,
+                self._s_level,
+                self._s_filter,
             )
         }
         self.warm_start(0.0)
@@ -1270,9 +1375,12 @@ class CduPlant:
         self._remote_written = False
         self._qp = self._valve_flow(x)
         self._duty = 0
+        self._handover_from = None
         self._n = [n if i == 0 else 0.0 for i in range(self._n_pumps)]
         self._tripped = [False] * self._n_pumps
         self._n_cmd = n
+        self._x_b = self._x_b_cmd = 0.0
+        self._iso = self._iso_cmd = 1.0
         self._q = q
         self._t_ss = t_ss
         self._sup = [t_ss] * p.pipe_tanks
@@ -1296,7 +1404,23 @@ class CduPlant:
         self._s_dp.reset(self._k_sys * q * q)
         self._s_heat.reset(q_liq)
         self._s_loop.reset(self._p_loop)
+        self._s_level.reset(self._level_pct())
+        self._s_filter.reset(self._filter_dp_kpa(q))
         return WarmStartResult(100.0 * x, t_ss, holds)
+
+    def _level_pct(self) -> float:
+        """Reservoir level: falls with the inventory lost (thermal expansion is the
+        expansion tank's, `_static_pressure_kpa`) [U]."""
+        p = self._p
+        lvl = p.reservoir_initial_level_pct - 100.0 * (self._v_inv0 - self._v_inv) / (
+            p.reservoir_volume_l
+        )
+        return 0.0 if lvl < 0.0 else 100.0 if lvl > 100.0 else lvl
+
+    def _filter_dp_kpa(self, q: float) -> float:
+        """Filter ΔP ∝ Q² × fouling factor [U]."""
+        r = q / self._q0
+        return self._p.filter_diff_pressure_design_kpa * self._filter_foul * r * r
 
     def _static_pressure_kpa(self) -> float:
         """Expansion-tank model: isothermal gas cushion squeezed by thermal expansion and
@@ -1431,7 +1555,23 @@ class CduPlant:
             x += d
             self._x = x
         qp = self._qp_max * math.exp((x - 1.0) * self._ln_r) if x > 0.0 else 0.0
+        xb = self._x_b
+        if xb > 0.0 or self._x_b_cmd > 0.0:  # second valve (parallel): flows add, capped
+            d = self._x_b_cmd - xb
+            m = dt * self._valve_rate
+            xb += m if d > m else -m if d < -m else d
+            self._x_b = xb
+            if xb > 0.0:
+                qp += self._qp_max * math.exp((xb - 1.0) * self._ln_r)
+                if qp > self._qp_max:
+                    qp = self._qp_max
         self._qp = qp
+        iso = self._iso
+        if iso != self._iso_cmd:  # rack isolation valves travel
+            d = self._iso_cmd - iso
+            m = dt * self._iso_rate
+            iso += m if d > m else -m if d < -m else d
+            self._iso = iso
 
         # 2. pumps: VFD ramp, coast-down after a trip, flow lag
         p = self._p
@@ -1442,12 +1582,19 @@ class CduPlant:
             coast = 1.0
         nmax = 0.0
         pump_kw = 0.0
+        hand = self._handover_from
+        if hand is not None and (
+            self._tripped[hand] or ns[self._duty] >= self._n_cmd - 0.01
+            or self._tripped[self._duty]
+        ):
+            hand = self._handover_from = None  # the new duty pump is at speed (or a trip)
+        dt_h = dt / 3600.0
         for i in range(self._n_pumps):
             ni = ns[i]
             if self._tripped[i]:
                 ni -= ni * coast
             else:
-                d = (self._n_cmd if i == self._duty else 0.0) - ni
+                d = (self._n_cmd if i == self._duty or i == hand else 0.0) - ni
                 if d > ramp:
                     d = ramp
                 elif d < -ramp:
@@ -1456,12 +1603,14 @@ class CduPlant:
             ns[i] = ni
             if ni > nmax:
                 nmax = ni
+            if ni > 0.01:
+                self._run_h[i] += dt_h
             pump_kw += ni * ni * ni
         pump_kw *= self._pump_p0_kw
         a_q = dt / p.flow_tau_s
         if a_q > 1.0:
             a_q = 1.0
-        q = self._q + (self._qmax * nmax - self._q) * a_q
+        q = self._q + (self._qmax * nmax * iso - self._q) * a_q
         self._q = q
         cs = self._rhoc_s * q
 
@@ -1522,8 +1671,8 @@ class CduPlant:
                 p_it_kw += rack.power_w * 0.001
 
         # 9. inventory (leak) and static pressure
-        if self._leak_lps:
-            v = self._v_inv - self._leak_lps * dt
+        if self._leak_lps:  # leaks are downstream of the rack isolation valves [U]
+            v = self._v_inv - self._leak_lps * iso * dt
             self._v_inv = v if v > 0.0 else 0.0
 
         # energy counters (kJ)
@@ -1548,6 +1697,14 @@ class CduPlant:
         self._s_heat.update(q_hx, dt, z[zi + 7])
         self._p_loop = self._static_pressure_kpa()
         self._s_loop.update(self._p_loop, dt, z[zi + 8])
+        z2i = self._z2i
+        if z2i + 2 > len(self._z2):
+            self._z2 = self._rng2.standard_normal(_NOISE_BLOCK).tolist()
+            z2i = 0
+        self._z2i = z2i + 2
+        z2 = self._z2
+        self._s_level.update(self._level_pct(), dt, z2[z2i])
+        self._s_filter.update(self._filter_dp_kpa(q), dt, z2[z2i + 1])
 
     # --- local control ---------------------------------------------------------------------
 
@@ -1623,6 +1780,18 @@ class CduPlant:
                 self._x_cmd = value / 100.0
         elif point == "pump_speed_command_pct":
             self._n_cmd = value / 100.0
+        elif point == "duty_pump_select":
+            pump = round(value)
+            if pump >= self._n_pumps:
+                raise WriteRejected(f"cdu: duty_pump_select {value}: the CDU has "
+                                    f"{self._n_pumps} pump(s)")
+            self.set_duty_pump(pump)
+        elif point == "valve_b_command_pct":
+            if not self._p.second_valve:
+                raise WriteRejected("cdu: valve_b_command_pct: this CDU has no second valve")
+            self._x_b_cmd = value / 100.0
+        elif point == "rack_isolation_command":
+            self._iso_cmd = 1.0 if round(value) else 0.0
         elif point == "heartbeat":
             hb = round(value)
             if hb != self._hb:
@@ -1641,11 +1810,36 @@ class CduPlant:
         Sensors are lagged, noisy, quantised and possibly faulted (NaN when dropped);
         ``valve_position_pct`` is the feedback (with any offset fault, clipped to 0–100);
         ``pump_speed_pct`` the fastest running pump; ``valve_command_pct`` the effective demand
-        (the local loop's output while in local control).
+        (the local loop's output while in local control). Per pump (``pump_a_*``,
+        ``pump_b_*``): running (not tripped and turning), fault (tripped), speed, run hours;
+        ``duty_pump_select`` the duty pump's index. ``rack_isolation_open`` / ``_closed`` are
+        the limit switches (both 0 while the valves travel).
         """
         x_fb = 100.0 * self._x + self._valve_offset
         run = max((n for n, tr in zip(self._n, self._tripped, strict=True) if not tr), default=0.0)
+        pumps: dict[str, float] = {}
+        for i, letter in enumerate(PUMP_LETTERS):
+            if i < self._n_pumps:
+                n, tr = self._n[i], self._tripped[i]
+                pumps[f"pump_{letter}_running"] = 1.0 if (not tr and n > 0.01) else 0.0
+                pumps[f"pump_{letter}_fault"] = 1.0 if tr else 0.0
+                pumps[f"pump_{letter}_speed_pct"] = 100.0 * n
+                pumps[f"pump_{letter}_run_hours_h"] = self._run_h[i]
+            else:
+                for k in ("running", "fault", "speed_pct", "run_hours_h"):
+                    pumps[f"pump_{letter}_{k}"] = 0.0
         return {
+            **pumps,
+            "reservoir_level_pct": self._s_level.value,
+            "filter_diff_pressure_kpa": self._s_filter.value,
+            "valve_b_position_pct": 100.0 * self._x_b,
+            "rack_isolation_open": 1.0 if self._iso >= 1.0 else 0.0,
+            "rack_isolation_closed": 1.0 if self._iso <= 0.0 else 0.0,
+            "leak_rope_detected": 1.0 if self._rope_leak else 0.0,
+            "leak_rope_sensor_fault": 1.0 if self._rope_fault else 0.0,
+            "duty_pump_select": float(self._duty),
+            "valve_b_command_pct": 100.0 * self._x_b_cmd,
+            "rack_isolation_command": self._iso_cmd,
             "supply_temp_c": self._s_sa.value,
             "return_temp_c": self._s_ret.value,
             "flow_lpm": self._s_flow.value,
@@ -1720,7 +1914,8 @@ class CduPlant:
             pumps=tuple(
                 PumpState(
                     speed_pct=100.0 * n,
-                    running=(i == self._duty and not tr and n > 0.0),
+                    running=((i == self._duty or i == self._handover_from) and not tr
+                             and n > 0.0),
                     tripped=tr,
                     duty=i == self._duty,
                 )
@@ -1735,6 +1930,12 @@ class CduPlant:
             air_energy_kj=self._ce_air,
             hx_energy_kj=self._ce_hx,
             pump_energy_kj=self._ce_pump,
+            valve_b_position_pct=100.0 * self._x_b,
+            valve_b_command_pct=100.0 * self._x_b_cmd,
+            rack_isolation_open_pct=100.0 * self._iso,
+            reservoir_level_pct=self._level_pct(),
+            filter_diff_pressure_kpa=self._filter_dp_kpa(q),
+            pump_run_hours_h=tuple(self._run_h),
         )
 
     # --- fault hooks -----------------------------------------------------------------------
@@ -1757,12 +1958,37 @@ class CduPlant:
         self._tripped[self._pump_index(pump)] = False
 
     def set_duty_pump(self, pump: int) -> None:
-        """Make ``pump`` the duty pump: it ramps to the speed command, the others ramp to stop.
+        """Make ``pump`` the duty pump: it ramps to the speed command; a healthy old duty pump
+        keeps running until the new one is within 1 % of the command, then ramps to stop (the
+        CDU's own changeover sequence [U]: a planned rotation without a flow dip); a tripped
+        one keeps coasting. The register ``duty_pump_select`` does the same.
 
         Raises:
             ValueError: no such pump.
         """
-        self._duty = self._pump_index(pump)
+        new = self._pump_index(pump)
+        old = self._duty
+        if new != old:
+            self._handover_from = None if self._tripped[old] else old
+        self._duty = new
+
+    def set_leak_sensor_inputs(self, rope_leak: bool, rope_sensor_fault: bool) -> None:
+        """The CDU's rope (drip-tray) leak sensor as the CDU reads it (wet, faulted): the
+        leak model lives in `sims.rack.LeakSensors`; `sims.scenario.ScenarioRun` copies its
+        rope sensor here every step, so the CDU's registers carry it."""
+        self._rope_leak = bool(rope_leak)
+        self._rope_fault = bool(rope_sensor_fault)
+
+    def set_filter_fouling(self, factor: float) -> None:
+        """Filter ΔP × ``factor`` (1 = clean). Raises ValueError for factor not >= 1 finite."""
+        if not (math.isfinite(factor) and factor >= 1.0):
+            raise ValueError("filter fouling factor must be finite and >= 1")
+        self._filter_foul = float(factor)
+
+    @property
+    def rack_isolation_open_pct(self) -> float:
+        """Rack liquid isolation valves' opening, % (100 = open)."""
+        return 100.0 * self._iso
 
     def set_valve_stuck(self, stuck: bool = True) -> None:
         """Freeze the valve at its current position (REFERENCE §4.2 item 1, `stuck`)."""

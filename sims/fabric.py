@@ -72,6 +72,10 @@ poll interval changes ``carrier_changes`` while both polls read ``up`` (FIELD-CA
 Faults (hooks, applied at the fabric's current time ``time_s`` unless ``start_s`` is given)
 are recorded as ground truth in `fault_log`: `flap`, `hold_down`, `set_error_rate`,
 `ramp_error_rate`, `degrade_ber`, `restore_error_rate`, `reboot`, `stall`, `silence`, `burst`.
+
+Power state. `power_off` / `power_on` (the tray power-state hook `sims.row` calls when a tray
+is switched, a GPU shuts down or the rack browns out) take a GPU's links DOWN and, at power-on,
+reboot it and train its links UP again; they are operations, not faults (not in `fault_log`).
 Bad arguments raise ValueError naming the argument and nothing is changed.
 """
 
@@ -401,7 +405,8 @@ class LinkFabric:
         self._burst_level = np.zeros(self.gpus)
         self._silence_until = np.full(n, -np.inf)
 
-        # per GPU identity
+        # per GPU power state (the tray power-state hook) and identity
+        self._powered = np.ones(self.gpus, dtype=bool)
         self._uptime_s = np.full(self.gpus, p.initial_uptime_s)
         self._boot_id = self._rng_ids.integers(1, 2**63, size=self.gpus, dtype=np.int64).astype(
             np.uint64
@@ -538,6 +543,12 @@ class LinkFabric:
                 self._link_up[idx[done]] = True
                 self._fl_idx = np.flatnonzero(self._fl_on)
         np.clip(up_time, 0.0, dt, out=up_time)
+        if not self._powered.all():  # a powered-off GPU: links down, no traffic, no counts
+            off = ~self._powered[self._port_gpu]
+            self._link_up[off] = False
+            up_time[off] = 0.0
+            downs[off] = 0
+            ups[off] = 0
 
         # 2. traffic
         dem = np.where(self._burst_until > tm, np.maximum(demand, self._burst_level), demand)
@@ -571,7 +582,7 @@ class LinkFabric:
         self._ctr = np.minimum((self._ctr + delta) & _MASK_COL, _MAX_COL)
         self._prefec_total += (delta[_R_FLIT] + delta[_R_SYM]).astype(np.float64)
         self._line_bits_total += self._line_bits_per_s * up_time
-        self._uptime_s += dt
+        self._uptime_s += dt * self._powered
         self._time_s = t1
 
     def _rates_at(self, t: float) -> npt.NDArray[np.float64]:
@@ -827,12 +838,54 @@ class LinkFabric:
 
     # --- device and traffic faults --------------------------------------------------------
 
+    # --- power state (the tray power-state hook) --------------------------------------------
+
+    @property
+    def powered(self) -> npt.NDArray[np.bool_]:
+        """Per GPU: powered (its tray on), shape (gpus,) (a copy)."""
+        return self._powered.copy()
+
+    def power_off(self, gpu: int) -> None:
+        """GPU ``gpu`` loses power now (its tray was switched off, or the rack browned out):
+        every port that was up goes DOWN (one ``link_downed`` and one ``carrier_changes`` each,
+        as a link partner would see it), carries nothing and counts nothing until
+        `power_on`; the GPU's uptime stops. An operation, not a fault: not in `fault_log`.
+        Raises ValueError for a bad GPU; nothing happens when it is already off."""
+        g = self._gpu(gpu)
+        if not self._powered[g]:
+            return
+        sl = slice(g * self.ports_per_gpu, (g + 1) * self.ports_per_gpu)
+        was_up = self._link_up[sl].astype(np.uint64)
+        self._ctr[_R_LD, sl] = np.minimum(self._ctr[_R_LD, sl] + was_up, _MAX_COL[_R_LD, 0])
+        self._ctr[_R_CC, sl] = (self._ctr[_R_CC, sl] + was_up) & _MASK_COL[_R_CC, 0]
+        self._link_up[sl] = False
+        self._thr[:, sl] = 0.0
+        self._powered[g] = False
+
+    def power_on(self, gpu: int) -> None:
+        """GPU ``gpu`` is powered again: it boots (counters, BER accumulators and uptime to
+        0, a new ``boot_id``, as `reboot`) and its links train UP (``carrier_changes`` = 1;
+        a port inside a scheduled flap follows its schedule from the next step). Not in
+        `fault_log`. Raises ValueError for a bad GPU; nothing happens when it is on."""
+        g = self._gpu(gpu)
+        if self._powered[g]:
+            return
+        self._reset_gpu(g)
+        sl = slice(g * self.ports_per_gpu, (g + 1) * self.ports_per_gpu)
+        self._link_up[sl] = True
+        self._ctr[_R_CC, sl] = 1
+        self._powered[g] = True
+
     def reboot(self, gpu: int) -> None:
         """Reboot GPU ``gpu`` now: every counter of its ports back to 0 (with the BER
         accumulators), uptime to 0 s and a new ``boot_id`` (FIELD-CASES BR-11: a consumer
         tells a reset from a wrap by uptime or boot id). Link state, flap schedules and
         injected error rates (physical faults) are kept. Raises ValueError for a bad GPU."""
         g = self._gpu(gpu)
+        self._reset_gpu(g)
+        self._record("reboot", port=None, gpu=g, start_s=self._time_s, end_s=self._time_s)
+
+    def _reset_gpu(self, g: int) -> None:
         sl = slice(g * self.ports_per_gpu, (g + 1) * self.ports_per_gpu)
         self._ctr[:, sl] = 0
         self._prefec_total[sl] = 0.0
@@ -844,7 +897,6 @@ class LinkFabric:
         while new == old:
             new = np.uint64(self._rng_ids.integers(1, 2**63, dtype=np.int64))
         self._boot_id[g] = new
-        self._record("reboot", port=None, gpu=g, start_s=self._time_s, end_s=self._time_s)
 
     def stall(self, gpu: int, duration_s: float) -> None:
         """GPU ``gpu`` moves no traffic on any port for ``duration_s`` from now, whatever the

@@ -18,7 +18,9 @@ Each `VirtualRow.step` (``dt`` 0.1 s by default; the fabric at its own ``fabric_
       ─► GPU requests ─► CduPlant.step (per-GPU thermal, HW slowdown, rack node, CDU loop)
       ─► IT power drawn ─► power shelves (DC load → AC input, PSU losses, BBU, brown-out)
       ─► leak sensors (tray, drip pan, CDU rope) ─► CDU inventory (set_leak_lpm)
-      ─► link fabric (traffic of GPUs that draw power; a GPU powered up again is rebooted)
+      ─► link fabric (traffic of GPUs that draw power; a GPU whose tray is switched off,
+         that shuts down or browns out takes its links down; powered again it reboots and
+         its links come back up: `sims.fabric.LinkFabric.power_off` / ``power_on``)
 
 The energy chain: AC input = PSU DC output + PSU losses; PSU DC output (+ BBU discharge) = IT
 power (+ BBU recharge); IT power = heat to liquid (f_liq) + heat to air; heat to liquid =
@@ -192,7 +194,7 @@ class RackSide:
         self.traffic = np.zeros(n)
         self._traffic_acc = np.zeros(n)
         self._traffic_t = 0.0
-        self._drawing = np.ones(n, dtype=bool)
+        self._powered = np.ones(n, dtype=bool)  # per GPU, as last told to the fabric
         self.rack_demand_w = 0.0
         self.energy: dict[str, float] = {}
         self.reset_energy()
@@ -402,12 +404,21 @@ class VirtualRow:
             e["bbu_recharge"] += st.bbu_recharge_w * dt * 1e-3
             e["unserved"] += st.unserved_w * dt * 1e-3
             if r.fabric is not None:
+                # tray power-state hook: a GPU without power (tray switched off, thermal
+                # shutdown, rack brown-out) takes its links down; powered again, it boots and
+                # its links come back up (sims.fabric power_off / power_on)
+                powered = r.compute.agents.powered & th.gpu_on
+                if r.shelves.brownout:
+                    powered[:] = False
+                switched = powered != r._powered
+                if switched.any():
+                    for g in np.flatnonzero(switched):
+                        if powered[g]:
+                            r.fabric.power_on(int(g))
+                        else:
+                            r.fabric.power_off(int(g))
+                    r._powered = powered
                 drawing = th.gpu_power_drawn_w > 0.0
-                back = drawing & ~r._drawing
-                if back.any():
-                    for g in np.flatnonzero(back):
-                        r.fabric.reboot(int(g))
-                r._drawing = drawing
                 r._traffic_acc += np.where(drawing, r.traffic, 0.0) * dt
                 r._traffic_t += dt
                 if fabric_due:

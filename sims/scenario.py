@@ -777,6 +777,8 @@ class ScenarioRun:
         t_fws = self.facility_supply_temp_c
         if self.rack is not None:
             self.rack.step(dt_s, t_fws)
+            lk = self.rack.leaks.state()  # the CDU's registers carry its rope sensor
+            self.plant.set_leak_sensor_inputs(lk.rope_leak, lk.rope_sensor_fault)
         else:
             self.plant.step(self.load.power_w(self.t_s), t_fws, dt_s)
 

@@ -16,26 +16,49 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rackplane.alarms import AlarmEvent
 from rackplane.clock import SYSTEM_CLOCK, Clock
-from rackplane.commands import CommandAudit, CommandRouter
+from rackplane.commands import CommandAudit, CommandRouter, LeaseGate
 from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.errors import ConfigError, ModbusError, WriteRejected
+from rackplane.leases import LeaseTable
 from rackplane.log import configure_logging, get_logger
 from rackplane.modbus import ModbusDevice
-from rackplane.mqtt import MqttLink
+from rackplane.mqtt import Message, MqttLink
 from rackplane.registers import RegisterMap, load_register_map
 from rackplane.samples import Sample
+from rackplane.selfmetrics import (
+    TELEMETRY_ALARMS,
+    SelfMetrics,
+    pv_age_s,
+    telemetry_alarm_conditions,
+)
 from rackplane.service import Notifier, TickStats, run_ticker, supervised
 from rackplane.settings import effective_spool, environment_checks
+from rackplane.spool import check_spool_config
+from rackplane.statefile import StateFileError
 from rackplane.tsdb import TelemetryWriter
-from valvey.commands import register_valvey_commands
+from valvey.commands import VALVEY_OUTPUTS, register_valvey_commands
 from valvey.config import ValveyConfig, check_points_against_map
-from valvey.core import CoreOutput, ValveyCore
+from valvey.core import (
+    PUMP_CONSTRAINT_CODES,
+    VALVE_CONSTRAINT_CODES,
+    CoreOutput,
+    ValveyCore,
+)
+from valvey.persist import (
+    CommandState,
+    apply_command_state,
+    open_state_file,
+    state_file_path,
+)
+from valvey.requests import RackyReply, RackyRequest
+from valvey.sensors import SensorTopic, parse_sensor_message, resolve_topic
 
 DAEMON = "valvey"
 
@@ -55,6 +78,22 @@ MEASUREMENT_OF_POINT = {
     "valve_command_pct": "valve",
     "pump_speed_pct": "pump",
     "pump_speed_command_pct": "pump",
+    "pump_a_running": "pump",
+    "pump_a_fault": "pump",
+    "pump_a_speed_pct": "pump",
+    "pump_a_run_hours_h": "pump",
+    "pump_b_running": "pump",
+    "pump_b_fault": "pump",
+    "pump_b_speed_pct": "pump",
+    "pump_b_run_hours_h": "pump",
+    "duty_pump_select": "pump",
+    "reservoir_level_pct": "coolant_loop",
+    "filter_diff_pressure_kpa": "coolant_loop",
+    "valve_b_position_pct": "valve",
+    "valve_b_command_pct": "valve",
+    "rack_isolation_open": "valve",
+    "rack_isolation_closed": "valve",
+    "rack_isolation_command": "valve",
 }
 _MODE_CODE = {"initialising": 0.0, "auto": 1.0, "manual": 2.0, "failsafe": 3.0, "shadow": 4.0}
 _SEVERITY_CODE = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}
@@ -84,6 +123,10 @@ def load_valvey_config(path: str | os.PathLike[str] | None) -> tuple[ValveyConfi
                 msg = f"mqtt.tls.{key}: {f} is not a readable file"
                 raise ConfigError(f"invalid configuration:\n  {msg}", problems=[msg])
     check_writable_dir("spool.directory", effective_spool(cfg.spool).directory)
+    check_spool_config("spool.directory", effective_spool(cfg.spool).directory)
+    check_writable_dir("control.state_file",
+                       state_file_path(cfg.control.state_file, cfg.spool,
+                                       cfg.identity.rack).parent)
     return cfg, regmap
 
 
@@ -172,21 +215,55 @@ class Valvey:
         self.tags_base = {"site": ident.site, "row": ident.row, "rack": ident.rack}
         self.latest: dict[str, Sample] = {}
         self.tick_stats = TickStats()
-        self.core = ValveyCore(cfg.supply_loop, cfg.points, cfg.control, clock.monotonic())
+        # Request ids to racky must not repeat across restarts (racky de-duplicates by id):
+        # wall-clock: a per-start unique prefix, never used for timing.
+        # The telemetry path's alarms (issue 7) are the daemon's: the core keeps their state,
+        # the tick feeds their conditions from the writer's stats.
+        self.core = ValveyCore.from_config(cfg, clock.monotonic(),
+                                           request_prefix=f"valvey-{clock.wall_ns():x}",
+                                           extra_alarms=TELEMETRY_ALARMS)
         self.device = ModbusDevice(cfg.cdu, regmap, clock=clock, on_samples=self._on_samples)
         self.mqtt = MqttLink(cfg.mqtt, ident, DAEMON, clock=clock)
         self.writer = TelemetryWriter(
             cfg.tsdb, effective_spool(cfg.spool), identity_tags=self.tags_base, clock=clock
         )
         self.outputs = OutputWriter(self.device, cfg.control.write_timeout_s, self.log)
+        self.selfmetrics = SelfMetrics(DAEMON, cfg.metrics, clock=clock)
+        # The setpoint and loop mode set by command survive a restart (valvey.persist).
+        self._owner = f"{ident.site}/{ident.rack}"
+        self.statefile = open_state_file(
+            state_file_path(cfg.control.state_file, cfg.spool, ident.rack), log=self.log)
+        self._saved_state: CommandState | None = self._restore_command_state()
+        self._save_task: asyncio.Task[None] | None = None
+        self._save_retry_at = 0.0
+        self._save_failing: str | None = None
         # Commands (DESIGN §1, §3): cmd/<user>/<verb> -> validate -> core -> reply; each one
         # audited to the time series. Subscribed before run(), so commands a persistent
         # session delivers right after CONNACK find their handler (BR-22 a).
         self.commands = CommandRouter(
             self.mqtt, cfg.commands, clock=clock, audit=self._audit_command
         )
-        register_valvey_commands(self.commands, self.core, on_alarm_events=self._alarms)
+        # Leases (DESIGN §1): operator > automation, each with an expiry; the manual valve
+        # output only under one; interlocks (from the tick) override every lease.
+        self.leases = LeaseGate(self.commands, LeaseTable(
+            VALVEY_OUTPUTS, default_ttl_s=cfg.commands.lease_default_ttl_s,
+            max_ttl_s=cfg.commands.lease_max_ttl_s))
+        register_valvey_commands(self.commands, self.core, on_alarm_events=self._alarms,
+                                 leases=self.leases)
         self.commands.attach()
+        # Sensors over MQTT (room air, leak sensors, racky's rack power: DESIGN §3 "sensor
+        # topics are mapped in config") and racky's replies to valvey's requests.
+        root, site, rack = cfg.mqtt.topic_root, ident.site, ident.rack
+        self._sensor_topics: dict[str, list[SensorTopic]] = {}
+        for t in cfg.sensors.topics():
+            self._sensor_topics.setdefault(resolve_topic(t.topic, root, site, rack), []).append(t)
+        for topic in self._sensor_topics:
+            self.mqtt.subscribe(topic, self._on_sensor_message, qos=0)
+        self.racky_user = cfg.racky.user or cfg.mqtt.username or "valvey"
+        self._racky_base = f"{root}/{site}/{rack}/{cfg.racky.daemon}/cmd/{self.racky_user}"
+        self.mqtt.subscribe(f"{self._racky_base}/+/result", self._on_racky_reply, qos=1)
+        self._request_failing: str | None = None
+        self._pending_sends: set[asyncio.Task[None]] = set()
         self._next_state = 0.0
         self._next_telemetry = 0.0
         self._next_pid_telemetry = 0.0
@@ -199,15 +276,93 @@ class Valvey:
         for s in samples:
             self.latest[s.point] = s
 
+    def _on_sensor_message(self, msg: Message) -> None:
+        """An MQTT sensor message: parsed into samples (a bad payload gives BAD samples with
+        the reason, never a silent drop). A message from the broker's retained store may be
+        old: its age comes from the payload's ``ts_ns`` when it has one, else it counts as
+        stale at once (a dead publisher's last value is never taken as fresh)."""
+        mapped = self._sensor_topics.get(msg.topic)
+        if not mapped:
+            return
+        now = msg.received_mono or self.clock.monotonic()
+        wall = self.clock.wall_ns()  # wall-clock: the samples' time-series timestamp
+        samples = parse_sensor_message(mapped, msg.payload, now, wall)
+        if msg.retain:
+            age = max(t.stale_after_s for t in mapped) + 1.0
+            try:
+                ts = msg.json().get("ts_ns")
+                if isinstance(ts, int) and not isinstance(ts, bool):
+                    age = max(0.0, (wall - ts) / 1e9)  # wall-clock: age of a retained value
+            except (ValueError, AttributeError):
+                pass
+            samples = [replace(smp, t_mono=now - age) for smp in samples]
+        for smp in samples:
+            self.latest[smp.point] = smp
+
+    def _on_racky_reply(self, msg: Message) -> None:
+        """racky's reply ``{request_id, ok, error, state}`` on ``.../cmd/<user>/<verb>/result``."""
+        try:
+            data = msg.json()
+            reply = RackyReply(str(data["request_id"]), bool(data["ok"]), data.get("error"),
+                               data.get("state"))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            self.log.warning("racky_reply_unreadable", topic=msg.topic, error=str(err))
+            return
+        self.core.on_racky_reply(reply, self.clock.monotonic())
+
+    def _send_requests(self, requests: list[RackyRequest]) -> None:
+        """Publish valvey's requests to racky (QoS 1, not retained; rackplane's envelope).
+        The tick never waits: each publish is its own task; a failure is logged once per
+        change (the tracker re-sends without an acknowledgement)."""
+        for req in requests:
+            wall = self.clock.wall_ns()  # wall-clock: the envelope's issued_at
+            issued = datetime.fromtimestamp(wall / 1e9, tz=UTC).isoformat().replace(
+                "+00:00", "Z")
+            env = {"request_id": req.request_id, "issued_at": issued,
+                   "args": req.envelope_args()}
+            self.log.info("racky_request", verb=req.verb, request_id=req.request_id,
+                          safety=req.safety, args=req.envelope_args())
+            task = asyncio.get_running_loop().create_task(
+                self._publish_request(f"{self._racky_base}/{req.verb}", env, req.verb))
+            self._pending_sends.add(task)
+            task.add_done_callback(self._pending_sends.discard)
+
+    async def _publish_request(self, topic: str, env: dict[str, Any], verb: str) -> None:
+        try:
+            await self.mqtt.publish(topic, env, qos=1)
+        except Exception as err:  # MqttError, PublishRefused: the tracker re-sends
+            reason = type(err).__name__
+            if self._request_failing != reason:
+                self._request_failing = reason
+                self.log.warning("racky_request_failed", verb=verb, error=str(err))
+            return
+        if self._request_failing is not None:
+            self._request_failing = None
+            self.log.info("racky_request_recovered", verb=verb)
+
     # -- the tick ----------------------------------------------------------------------------
 
     def _tick(self, now: float) -> None:
-        out = self.core.step(now, self.latest)
+        out = self.core.step(now, self.latest, telemetry_alarm_conditions(self.writer.stats))
+        self.leases.tick(now, self.core.interlocks())
         for point, value in out.writes:
             self.outputs.submit(point, value)
-        for tr in out.loop.transitions:
-            self.log.info("supply_loop_transition", change=tr, pv_status=out.loop.pv_status)
+        for tr in out.transitions:
+            self.log.info("valvey_transition", change=tr, pv_status=out.loop.pv_status)
+        for ev in out.events:
+            self.log.warning("valvey_event", **{k: v for k, v in ev.items() if k != "kind"},
+                             event=ev.get("kind"))
+            self.mqtt.publish_telemetry("event", {**ev, "ts_ns": self.clock.wall_ns()})
+            if str(ev.get("kind", "")).endswith("leak") or ev.get("kind") == "isolation":
+                self.mqtt.publish_state("leak", {"last_event": ev, **self.core.safety.state(),
+                                                 "ts_ns": self.clock.wall_ns()})
+        if out.requests:
+            self._send_requests(out.requests)
         self._alarms(out.alarm_events)
+        self._persist_tick(now)
+        self.selfmetrics.tick(now, tick_stats=self.tick_stats, writer=self.writer,
+                              mqtt=self.mqtt, commands=self.commands, devices=[self.device],
+                              pv_age_s=self.pv_age_s(now))
         if now >= self._next_pid_telemetry:
             # Every loop period, whatever the mode: fail-safe, a bad PV and the output the
             # valve was given must reach the time series too (not only PID updates).
@@ -216,6 +371,7 @@ class Valvey:
         if now >= self._next_telemetry:
             self._next_telemetry = now + self.cfg.control.telemetry_interval_s
             self._cdu_telemetry()
+            self._alarm_snapshot()
         if now >= self._next_state:
             self._next_state = now + self.cfg.control.state_interval_s
             self._publish_state()
@@ -227,12 +383,115 @@ class Valvey:
                 "ready", mode=out.loop.mode, cdu=f"{self.cfg.cdu.host}:{self.cfg.cdu.port}"
             )
 
+    # -- command state across restarts (valvey.persist) --------------------------------------
+
+    def _restore_command_state(self) -> CommandState | None:
+        """Load the state file and lay it over the loop (see valvey.persist for the rule);
+        an unusable file is moved aside and logged, the config's values are used."""
+        wall = self.clock.wall_ns()  # wall-clock: the .bad-<ns> name of a damaged file
+        data = self.statefile.load_or_default({}, wall)
+        if not data:
+            return None
+        try:
+            saved = CommandState.from_data(data)
+            if saved.owner != self._owner:
+                raise ValueError(f"saved by {saved.owner!r}, this valvey is {self._owner!r} "
+                                 "(set control.state_file per daemon)")
+        except ValueError as err:
+            aside = self.statefile.path.with_name(f"{self.statefile.path.name}.bad-{wall}")
+            with contextlib.suppress(OSError):
+                os.replace(self.statefile.path, aside)
+            self.log.error("state_file_unusable", path=str(self.statefile.path),
+                           error=f"bad data: {err}", moved_to=str(aside),
+                           effect="starting from the configuration")
+            return None
+        restored, superseded = apply_command_state(self.core.loop, self.cfg.supply_loop, saved)
+        if restored:
+            self.log.info("command_state_restored", restored=restored,
+                          setpoint_c=self.core.loop.setpoint_c, shadow=self.core.loop.shadow,
+                          manual_output_pct=self.core.loop.manual_target_pct,
+                          path=str(self.statefile.path))
+        if superseded:
+            self.log.warning("command_state_superseded", superseded=superseded,
+                             setpoint_c=self.core.loop.setpoint_c,
+                             note="the configuration's values apply")
+        return saved
+
+    def _persist_tick(self, now: float) -> None:
+        """Save the command state when it changed (one save in flight, off the event loop;
+        a failing save is logged once per change and retried every 10 s)."""
+        cur = CommandState.of(self._owner, self.core.loop, self.cfg.supply_loop)
+        if cur == self._saved_state or self._save_task is not None or now < self._save_retry_at:
+            return
+        self._save_task = asyncio.get_running_loop().create_task(self._save_state(cur, now))
+
+    async def _save_state(self, cur: CommandState, now: float) -> None:
+        try:
+            await asyncio.to_thread(self.statefile.save, cur.data(), self.clock.wall_ns())
+        except StateFileError as err:
+            self._save_retry_at = now + 10.0
+            if self._save_failing != str(err):
+                self._save_failing = str(err)
+                self.log.error("state_file_save_failed", error=str(err),
+                               effect="a restart would use the last saved state; retrying")
+            return
+        finally:
+            self._save_task = None
+        self._saved_state = cur
+        if self._save_failing is not None:
+            self._save_failing = None
+            self.log.info("state_file_save_recovered", path=str(self.statefile.path))
+        self.log.info("command_state_saved", **cur.data())
+
+    def _save_state_now(self) -> None:
+        """At shutdown: a last synchronous save when the state changed since the last one."""
+        cur = CommandState.of(self._owner, self.core.loop, self.cfg.supply_loop)
+        if cur == self._saved_state:
+            return
+        try:
+            self.statefile.save(cur.data(), self.clock.wall_ns())  # wall-clock: saved_wall_ns
+            self._saved_state = cur
+        except StateFileError as err:
+            self.log.error("state_file_save_failed", error=str(err), effect="at shutdown")
+
+    def pv_age_s(self, now: float) -> float | None:
+        """Age of the supply temperature the loop controls on (``points.supply_temp``), s;
+        None before the first read. Redundant sensors dropped from the vote are alarms of
+        their own (``supply_sensor_fault.*``), not PV age."""
+        return pv_age_s([self.latest.get(self.cfg.points.supply_temp)], now)
+
     def _audit_command(self, audit: CommandAudit) -> None:
         """Every command, accepted or refused: measurement ``command`` (tags user, verb,
         outcome; fields ok 1/0, latency_s)."""
         self.writer.write("command", audit.tags(), audit.fields(), audit.wall_ns)
 
     def _pid_telemetry(self, out: CoreOutput) -> None:
+        self._supply_pid_telemetry(out)
+        core = self.core
+        pl = core.pumps
+        self.writer.write("pid", {"loop": pl.s.mode, "device": self.cfg.cdu.name}, {
+            "setpoint": pl.setpoint,
+            "output_pct": pl.speed_command_pct,
+            "constraint_code": PUMP_CONSTRAINT_CODES.get(core._pump.constraint, -1.0)
+            if core._pump is not None else None,
+            "duty_pump_index": float(pl.duty),
+        })
+        cap = core._cap
+        self.writer.write("cdu", {"device": self.cfg.cdu.name, "loop": "secondary"}, {
+            "valve_active_index": float(core.valves.active),
+            "rack_power_cap_w": None if cap is None else cap.cap_w,
+            "capacity_estimate_w": None if cap is None else cap.capacity_w,
+            "isolated_code": 1.0 if core.safety.leak.isolation in ("closing", "closed")
+            else 0.0,
+        })
+        room: dict[str, float | None] = {}
+        for name in (self.cfg.selector.room_temp, self.cfg.selector.room_rh):
+            smp = self.latest.get(name)
+            room[name] = smp.value if smp is not None and smp.usable else None
+        room["dew_point_c"] = core._dew_point
+        self.writer.write("environment", {"device": "room"}, room)
+
+    def _supply_pid_telemetry(self, out: CoreOutput) -> None:
         ls = out.loop
         pid = ls.pid
         fields: dict[str, float | None] = {
@@ -247,6 +506,8 @@ class Valvey:
             "mode_code": _MODE_CODE.get(ls.mode, -1.0),
             "bad_periods": float(ls.bad_periods),
             "output_reasserts": float(self.core.reasserts),
+            "constraint_code": VALVE_CONSTRAINT_CODES.get(self.core.valve_constraint, -1.0),
+            "effective_setpoint_c": ls.setpoint_c,
         }
         self.writer.write("pid", {"loop": "supply_temp", "device": self.cfg.cdu.name}, fields)
 
@@ -300,11 +561,25 @@ class Valvey:
                 },
             )
 
+    def _alarm_snapshot(self) -> None:
+        """Active alarms into the time series every telemetry interval (a query at any time
+        finds what was active then, not only the raise/clear events)."""
+        for a in self.core.alarms.active():
+            self.writer.write("alarm", {"alarm": a.id, "severity": a.severity}, {
+                "active": 1.0 if a.state == "active" else 0.0,
+                "severity_code": _SEVERITY_CODE.get(a.severity, 0.0),
+                "acked": 1.0 if a.acked else 0.0,
+                "shelved": 1.0 if a.shelved else 0.0,
+            })
+
     def _publish_state(self) -> None:
-        state = self.core.state()
-        state["ts_ns"] = self.clock.wall_ns()
-        state["valve_position_pct"] = self._value(self.cfg.points.valve_position)
-        self.mqtt.publish_state("supply_loop", state)
+        now = self.clock.monotonic()
+        ts = self.clock.wall_ns()
+        for thing, state in self.core.states(now, self.latest).items():
+            state["ts_ns"] = ts
+            if thing == "supply_loop":
+                state["valve_position_pct"] = self._value(self.cfg.points.valve_position)
+            self.mqtt.publish_state(thing, state)
         self.mqtt.publish_state("health", self.health())
 
     def _value(self, point: str | None) -> float | None:
@@ -331,6 +606,7 @@ class Valvey:
             },
             "output_writes_ok": self.outputs.ok,
             "output_writes_failed": self.outputs.errors,
+            "self": self.selfmetrics.status(),
             "spool": {
                 "directory": str(effective_spool(self.cfg.spool).directory),
                 "spooled_lines": w.spooled,
@@ -374,6 +650,10 @@ class Valvey:
             with contextlib.suppress(asyncio.CancelledError):
                 await control
             await self._stop_outputs()
+            if self._save_task is not None:
+                with contextlib.suppress(Exception):
+                    await self._save_task
+            self._save_state_now()
             self._publish_state()
             await self.mqtt.stop()
             side[1].cancel()
@@ -411,12 +691,15 @@ class Valvey:
             self.log.error("reload_rejected", error=str(err))
             self.notifier.status("reload rejected: config invalid; running config kept")
             return
-        old_sp = self.cfg.supply_loop.setpoint_c
+        old_sp, old_shadow = self.cfg.supply_loop.setpoint_c, self.cfg.supply_loop.shadow
+        shadow_now = self.core.loop.shadow
         self.core.reload(cfg.supply_loop)
-        # A setpoint changed in the file applies; an unchanged file keeps a setpoint set by
-        # command since (the operator's latest intent wins until the file says otherwise).
+        # The newer decision wins (valvey.persist): a setpoint (shadow flag) changed in the
+        # file applies; an unchanged file keeps the value set by command since.
         if cfg.supply_loop.setpoint_c != old_sp:
             self.core.loop.set_setpoint(cfg.supply_loop.setpoint_c)
+        if cfg.supply_loop.shadow == old_shadow:
+            self.core.loop.set_shadow(shadow_now)
         self.commands.update_settings(cfg.commands)  # roles and limits apply at once
         if cfg.log != self.cfg.log:
             configure_logging(cfg.log.level, cfg.log.format)

@@ -5,22 +5,45 @@ operations on the `ValveyCore` (no awaits, no I/O, time from the `CommandContext
 
 Verbs (least role; args; what the reply's ``state`` holds):
 
-===============  ========  =============================================  =====================
-verb             role      args                                           refusals (error.code)
-===============  ========  =============================================  =====================
-get_state        reader    {}                                             -
-set_setpoint     operator  {setpoint_c}                                   out_of_range,
+===================  ========  =========================================  ======================
+verb                 role      args                                       refusals (error.code)
+===================  ========  =========================================  ======================
+get_state            reader    {}                                         -
+set_setpoint         operator  {setpoint_c}  (ramped, REFERENCE §8)       out_of_range,
                                                                           invalid_value
-set_mode         operator  {mode: auto | manual | shadow_on | shadow_off,  out_of_range
-                           output_pct (manual only, required there)}
-ack_alarm        operator  {alarm_id}                                     unknown_alarm
-shelve_alarm     operator  {alarm_id, duration_s: 60..28800}              unknown_alarm,
+set_mode             operator  {mode: auto | manual | shadow_on |         out_of_range
+                               shadow_off, output_pct (manual only)}
+ack_alarm            operator  {alarm_id}                                 unknown_alarm
+shelve_alarm         operator  {alarm_id, duration_s: 60..28800}          unknown_alarm,
                                                                           invalid_shelve_time
-===============  ========  =============================================  =====================
+set_dp_setpoint      operator  {dp_setpoint_kpa}  (pump loop, DP mode)    out_of_range,
+                                                                          wrong_mode
+set_flow_setpoint    operator  {flow_setpoint_lpm}  (flow mode)           out_of_range,
+                                                                          wrong_mode
+set_pump_lead        operator  {pump}  (planned changeover)               unknown_pump,
+                                                                          pump_failed
+rotate_pumps         operator  {}  (to the next healthy pump)             no_standby
+reset_pump_faults    operator  {}                                         -
+select_valve         operator  {valve, reset: bool}                       unknown_valve,
+                                                                          valve_failed
+set_feedforward      operator  {enabled}  (false: PID only)               -
+start_step_test      operator  {step_pct}  (loop in manual)               not_manual,
+                                                                          step_test_refused,
+                                                                          out_of_range
+accept_step_test     operator  {}  (the proposed SIMC PI gains)           no_step_test_result
+cancel_step_test     operator  {}                                         -
+reset_leak           operator  {reopen_isolation: bool}                   leak_still_wet
+===================  ========  =========================================  ======================
 
 Limits are the loop's config (``setpoint_min_c``..``setpoint_max_c``, ``output_min_pct``..
 ``output_max_pct``): a command can never push the valve past them (DESIGN §1). The shelve limit
 of 8 h is ISA-18.2's "time-limited shelving" (`rackplane.alarms.DEFAULT_MAX_SHELVE_S`).
+
+Leases (DESIGN §1): with the daemon's `LeaseGate` over `VALVEY_OUTPUTS`, every verb that
+moves an output (`VERB_OUTPUTS`) is refused while an interlock holds it (``interlock_active``)
+or another user leases it (``lease_held``); ``set_mode manual`` needs a lease on
+``facility_valve`` (``lease_required``). ``get_state`` includes ``leases`` (the holders).
+The retained state payloads have models here too (`VALVEY_STATES`, `valvey_contract`).
 
 Every handler returns `ValveyCore.state()` with the loop's live settings laid over it
 (``setpoint_c``, ``mode``, ``control_mode``, ``shadow``, ``alarms``: already the new values)
@@ -45,18 +68,36 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rackplane.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
-from rackplane.commands import CommandArgs, CommandContext, CommandRouter, NoArgs
+from rackplane.commands import (
+    CommandArgs,
+    CommandContext,
+    CommandRouter,
+    DaemonContract,
+    LeaseGate,
+    NoArgs,
+)
 from rackplane.commands import main as _schemas_main
+from rackplane.errors import CommandError
 from rackplane.log import get_logger
 from rackplane.settings import Role
 from valvey.core import ValveyCore
 
 __all__ = [
+    "VALVEY_OUTPUTS",
+    "VALVEY_STATES",
+    "VERB_OUTPUTS",
     "AckAlarmArgs",
+    "HealthState",
+    "PumpsState",
+    "SafetyState",
     "SetModeArgs",
     "SetSetpointArgs",
     "ShelveAlarmArgs",
+    "SupplyLoopState",
+    "ValvesState",
+    "check_output_access",
     "register_valvey_commands",
+    "valvey_contract",
     "valvey_verb_args",
 ]
 
@@ -118,13 +159,248 @@ class ShelveAlarmArgs(CommandArgs):
     )
 
 
+class SetDpSetpointArgs(CommandArgs):
+    """``set_dp_setpoint``: the pump loop's differential-pressure setpoint [kPa], ramped;
+    refused with ``wrong_mode`` when the pump loop controls flow."""
+
+    dp_setpoint_kpa: float = Field(ge=10.0, le=500.0, allow_inf_nan=False,
+                                   description="secondary DP setpoint [kPa]")
+
+
+class SetFlowSetpointArgs(CommandArgs):
+    """``set_flow_setpoint``: the pump loop's flow setpoint [L/min], ramped; refused with
+    ``wrong_mode`` when the pump loop controls DP."""
+
+    flow_setpoint_lpm: float = Field(ge=1.0, le=5000.0, allow_inf_nan=False,
+                                     description="secondary flow setpoint [L/min]")
+
+
+class SetPumpLeadArgs(CommandArgs):
+    """``set_pump_lead``: make this pump the duty (lead) pump: a planned changeover (the CDU
+    keeps the old pump running until the new one is at speed)."""
+
+    pump: str = Field(pattern=r"^[a-z0-9]{1,8}$", description="pump name, e.g. a or b")
+
+
+class SelectValveArgs(CommandArgs):
+    """``select_valve``: drive this facility valve (the other is closed); ``reset`` forgets
+    latched valve failures first (after a repair)."""
+
+    valve: str = Field(pattern=r"^[a-z0-9]{1,8}$", description="valve name, a or b")
+    reset: bool = False
+
+
+class SetFeedforwardArgs(CommandArgs):
+    """``set_feedforward``: dynamic feedforward from the rack power on or off (off: PID
+    only, REFERENCE §4.5); bumpless either way."""
+
+    enabled: bool
+
+
+class StartStepTestArgs(CommandArgs):
+    """``start_step_test``: with the loop in manual at a steady state, step the valve by
+    ``step_pct`` and identify K, τ, θ (valvey.step_test)."""
+
+    step_pct: float = Field(ge=-20.0, le=20.0, allow_inf_nan=False,
+                            description="valve step [%], nonzero; + opens (supply falls)")
+
+    @model_validator(mode="after")
+    def _nonzero(self) -> StartStepTestArgs:
+        if abs(self.step_pct) < 1.0:
+            raise ValueError("step_pct must be at least 1 % in size")
+        return self
+
+
+class ResetLeakArgs(CommandArgs):
+    """``reset_leak``: clear the latched leak response after repair (refused while a leak
+    sensor is wet); ``reopen_isolation`` also opens the rack's isolation valves."""
+
+    reopen_isolation: bool = False
+
+
 _VERBS: dict[str, tuple[type[CommandArgs], Role]] = {
     "get_state": (NoArgs, "reader"),
     "set_setpoint": (SetSetpointArgs, "operator"),
     "set_mode": (SetModeArgs, "operator"),
     "ack_alarm": (AckAlarmArgs, "operator"),
     "shelve_alarm": (ShelveAlarmArgs, "operator"),
+    "set_dp_setpoint": (SetDpSetpointArgs, "operator"),
+    "set_flow_setpoint": (SetFlowSetpointArgs, "operator"),
+    "set_pump_lead": (SetPumpLeadArgs, "operator"),
+    "rotate_pumps": (NoArgs, "operator"),
+    "reset_pump_faults": (NoArgs, "operator"),
+    "select_valve": (SelectValveArgs, "operator"),
+    "set_feedforward": (SetFeedforwardArgs, "operator"),
+    "start_step_test": (StartStepTestArgs, "operator"),
+    "accept_step_test": (NoArgs, "operator"),
+    "cancel_step_test": (NoArgs, "operator"),
+    "reset_leak": (ResetLeakArgs, "operator"),
 }
+
+#: The outputs each verb moves (the seam for leases: `check_output_access`).
+VERB_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "set_setpoint": ("facility_valve",),
+    "set_mode": ("facility_valve",),
+    "set_dp_setpoint": ("pump_speed",),
+    "set_flow_setpoint": ("pump_speed",),
+    "set_pump_lead": ("duty_pump",),
+    "rotate_pumps": ("duty_pump",),
+    "select_valve": ("facility_valve",),
+    "set_feedforward": ("facility_valve",),
+    "start_step_test": ("facility_valve",),
+    "accept_step_test": ("facility_valve",),
+    "cancel_step_test": ("facility_valve",),
+    "reset_leak": ("rack_isolation",),
+}
+
+
+VALVEY_OUTPUTS: dict[str, str] = {
+    "facility_valve": "facility water valve: supply temperature loop, manual output",
+    "pump_speed": "pump loop setpoint (differential pressure or flow)",
+    "duty_pump": "duty (lead) pump selection",
+    "rack_isolation": "rack liquid isolation valves",
+}
+"""valvey's leasable outputs (`rackplane.leases.LeaseTable`; ``state/leases``)."""
+
+
+# --- retained state payloads (``valvey/state/<thing>``; schemas for rackctl schemas) --------
+
+
+class SupplyLoopState(BaseModel):
+    """``valvey/state/supply_loop`` (retained, every ``control.state_interval_s``): the supply
+    temperature loop (`ValveyCore.state`). Temperatures °C, outputs %, PID terms % of output."""
+
+    mode: Literal["initialising", "auto", "manual", "failsafe", "shadow"] = Field(
+        description="effective mode (shadow whenever shadow is on)")
+    control_mode: Literal["initialising", "auto", "manual", "failsafe"]
+    setpoint_c: float = Field(description="the operator's setpoint (command or config)")
+    effective_setpoint_c: float = Field(description="what the PID regulates to now (ramp, "
+                                        "dew-point floor)")
+    constraint: str = Field(description="which limit sets the valve now (selector winner)")
+    supply_temp_c: float | None = Field(description="voted supply temperature; null: no "
+                                        "usable measurement")
+    pv_status: str
+    pv_age_s: float | None
+    valve_command_pct: float | None = Field(description="null before initialisation")
+    valve_active: str
+    p_term_pct: float | None
+    i_term_pct: float | None
+    d_term_pct: float | None
+    ff_term_pct: float | None
+    feedforward: dict[str, Any]
+    dew_point_c: float | None
+    supply_sensors: dict[str, Any]
+    supply_estimate_c: float | None
+    bad_periods: int
+    readback_mismatch: bool
+    output_reasserts: int
+    step_test: dict[str, Any]
+    alarms: list[str] = Field(description="active alarm ids")
+    valve_position_pct: float | None = Field(
+        None, description="valve position read back (the daemon adds it); null: unknown")
+    ts_ns: int | None = Field(None, description="wall-clock publish time, ns")
+
+
+class PumpsState(BaseModel):
+    """``valvey/state/pumps`` (retained): the pump loop (DP or flow) and each pump."""
+
+    mode: str = Field(description="auto | manual | failsafe | ... of the pump speed loop")
+    control: Literal["diff_pressure", "flow"]
+    setpoint: float = Field(description="kPa (diff_pressure) or L/min (flow)")
+    setpoint_ramped: float
+    speed_command_pct: float | None
+    constraint: str
+    duty: str = Field(description="the duty (lead) pump's name")
+    handoff: bool
+    no_standby: bool
+    isolated: bool
+    flow_reference_lpm: float | None
+    dp_reference_kpa: float | None
+    units: list[dict[str, Any]] = Field(description="per pump: name, duty, running, fault, "
+                                        "speed, run hours")
+    ts_ns: int | None = None
+
+
+class ValvesState(BaseModel):
+    """``valvey/state/valves`` (retained): the facility valves (active one, failover)."""
+
+    active: str
+    second_valve: bool
+    units: list[dict[str, Any]] = Field(description="per valve: name, active, command_pct, "
+                                        "position_pct, fault")
+    ts_ns: int | None = None
+
+
+class SafetyState(BaseModel):
+    """``valvey/state/safety`` (retained): leaks, isolation, interlocks, the rack power cap
+    valvey asked racky for, requests to racky and every actuator's owner. In shadow mode it
+    also carries ``shadow_would_write`` / ``shadow_would_request``."""
+
+    trays_powered_down: list[Any]
+    rack_leak: Any = Field(description="null: no rack leak")
+    isolation: str = Field(description="open | closing | closed | ...")
+    over_temperature: bool
+    no_flow: bool
+    cap_w: float | None = Field(description="rack power cap requested from racky, W")
+    cap_reasons: list[str]
+    capacity_estimate_w: float | None = Field(description="cooling capacity estimate, W "
+                                              "(rounded to 100 W)")
+    requests: dict[str, Any]
+    actuators: list[dict[str, Any]]
+    shadow_would_write: list[list[Any]] | None = None
+    shadow_would_request: list[dict[str, Any]] | None = None
+    ts_ns: int | None = None
+
+
+class HealthState(BaseModel):
+    """``valvey/state/health`` (retained): the daemon's own health; ``self`` holds the
+    self-metrics (`rackplane.selfmetrics.SelfMetricsSnapshot` fields; empty before the first
+    refresh)."""
+
+    uptime_s: float
+    tick_late_last_s: float
+    tick_late_max_s: float
+    tick_overruns: int
+    cdu: dict[str, Any] = Field(description="Modbus link stats of the CDU")
+    mqtt_subscribed: list[str]
+    mqtt_configured: list[str]
+    mqtt_reconnects: int
+    commands: dict[str, Any] = Field(description="received, applied, refused by code, "
+                                     "duplicates")
+    output_writes_ok: int
+    output_writes_failed: int
+    self: dict[str, Any] = Field(description="self-metrics (OPERATIONS.md)")
+    spool: dict[str, Any] = Field(description="directory, spooled/sent/depth/rejected/"
+                                  "dropped lines, last_error")
+
+
+VALVEY_STATES: dict[str, type[BaseModel]] = {
+    "supply_loop": SupplyLoopState,
+    "pumps": PumpsState,
+    "valves": ValvesState,
+    "safety": SafetyState,
+    "health": HealthState,
+}
+"""``state/<thing>`` -> payload model (``state/leases``: `rackplane.commands.LeasesState`)."""
+
+
+def check_output_access(
+    verb: str, ctx: CommandContext, leases: LeaseGate | None = None, *,
+    require_lease: bool = False,
+) -> None:
+    """**The lease check** (DESIGN §1): every verb that moves an output calls this before it
+    changes anything: active safety interlocks first (``interlock_active``), then leases
+    (``lease_held``; with ``require_lease``, ``lease_required`` without one). No ``leases``
+    (a core driven without the daemon): allowed. Safety actions of the core never come
+    through here: leases never hold them back.
+
+    Raises:
+        CommandError: ``interlock_active``, ``lease_held``, ``lease_required``.
+    """
+    if leases is None:
+        return
+    for output in VERB_OUTPUTS.get(verb, ()):
+        leases.check(output, ctx, require_lease=require_lease)
 
 
 def valvey_verb_args() -> dict[str, type[BaseModel]]:
@@ -144,6 +420,7 @@ def register_valvey_commands(
     app_or_core: ValveyCore | _HasCore,
     *,
     on_alarm_events: AlarmEventsSink | None = None,
+    leases: LeaseGate | None = None,
 ) -> None:
     """Register valvey's verbs (see the module docstring) on ``router``.
 
@@ -153,6 +430,8 @@ def register_valvey_commands(
         on_alarm_events: called with the events an ack or shelve produced, to publish,
             log and write them like the tick's own (the daemon passes its alarm sink); its
             exceptions are logged, never turned into a refusal (the change is made).
+        leases: the daemon's `LeaseGate` over `VALVEY_OUTPUTS` (manual valve output only
+            under a lease; interlocks override every lease); None: no lease checks.
 
     Raises:
         ValueError: a verb is already registered on ``router``.
@@ -175,15 +454,22 @@ def register_valvey_commands(
         last = core.last
         return ctx.now_mono if last is None else max(ctx.now_mono, last.loop.t_mono)
 
-    def get_state(_args: NoArgs, _ctx: CommandContext) -> dict[str, Any]:
-        return loop_state(core)
+    def get_state(_args: NoArgs, ctx: CommandContext) -> dict[str, Any]:
+        state = loop_state(core)
+        if leases is not None:
+            state["leases"] = leases.snapshot(ctx.now_mono)  # who holds each output
+        return state
 
-    def set_setpoint(args: SetSetpointArgs, _ctx: CommandContext) -> dict[str, Any]:
+    def set_setpoint(args: SetSetpointArgs, ctx: CommandContext) -> dict[str, Any]:
+        check_output_access(ctx.verb, ctx, leases)
         before = core.loop.setpoint_c
         core.loop.set_setpoint(args.setpoint_c)  # CommandError before any change
         return loop_state(core, _changes(setpoint_c=(before, core.loop.setpoint_c)))
 
-    def set_mode(args: SetModeArgs, _ctx: CommandContext) -> dict[str, Any]:
+    def set_mode(args: SetModeArgs, ctx: CommandContext) -> dict[str, Any]:
+        # Manual output only under a lease (issue 6); auto / shadow: not while another
+        # user holds the valve or an interlock does.
+        check_output_access(ctx.verb, ctx, leases, require_lease=args.mode == "manual")
         loop = core.loop
         mode0, shadow0, command0 = loop.control_mode, loop.shadow, loop.command_pct
         if args.mode == "manual":
@@ -214,12 +500,116 @@ def register_valvey_commands(
                       shelved_for_s=args.duration_s)
         return loop_state(core, {"alarm": change})
 
+    def pump_setpoint(mode: str, value: float, ctx: CommandContext) -> dict[str, Any]:
+        check_output_access(ctx.verb, ctx, leases)
+        pumps = core.pumps
+        if pumps.s.mode != mode:
+            raise CommandError("wrong_mode", f"the pump loop controls {pumps.s.mode}, not "
+                               f"{mode} (pump_loop.mode in the config)")
+        before = pumps.setpoint
+        try:
+            pumps.set_setpoint(value)
+        except ValueError as err:
+            raise CommandError("out_of_range", str(err)) from None
+        return loop_state(core, _changes(pump_setpoint=(before, pumps.setpoint)))
+
+    def set_dp_setpoint(args: SetDpSetpointArgs, ctx: CommandContext) -> dict[str, Any]:
+        return pump_setpoint("diff_pressure", args.dp_setpoint_kpa, ctx)
+
+    def set_flow_setpoint(args: SetFlowSetpointArgs, ctx: CommandContext) -> dict[str, Any]:
+        return pump_setpoint("flow", args.flow_setpoint_lpm, ctx)
+
+    def set_pump_lead(args: SetPumpLeadArgs, ctx: CommandContext) -> dict[str, Any]:
+        check_output_access(ctx.verb, ctx, leases)
+        names = core.pumps.unit_names
+        if args.pump not in names:
+            raise CommandError("unknown_pump", f"no pump {args.pump!r} (pumps: {names})")
+        before = names[core.pumps.duty]
+        try:
+            core.pumps.select_lead(names.index(args.pump), now_mono(ctx))
+        except ValueError as err:
+            raise CommandError("pump_failed", str(err)) from None
+        return loop_state(core, _changes(duty_pump=(before, args.pump)))
+
+    def rotate_pumps(_args: NoArgs, ctx: CommandContext) -> dict[str, Any]:
+        check_output_access(ctx.verb, ctx, leases)
+        names = core.pumps.unit_names
+        before = names[core.pumps.duty]
+        try:
+            to = core.pumps.rotate(now_mono(ctx))
+        except ValueError as err:
+            raise CommandError("no_standby", str(err)) from None
+        return loop_state(core, _changes(duty_pump=(before, names[to])))
+
+    def reset_pump_faults(_args: NoArgs, _ctx: CommandContext) -> dict[str, Any]:
+        names = core.pumps.reset_faults()
+        return loop_state(core, {"pumps_reset": names})
+
+    def select_valve(args: SelectValveArgs, ctx: CommandContext) -> dict[str, Any]:
+        check_output_access(ctx.verb, ctx, leases)
+        units = [u.name for u in core.valves.units]
+        if args.valve not in units:
+            raise CommandError("unknown_valve", f"no valve {args.valve!r} (valves: {units})")
+        before = core.valves.active_unit.name
+        try:
+            writes = core.valves.select(units.index(args.valve), core.loop.command_pct,
+                                        reset=args.reset)
+        except ValueError as err:
+            raise CommandError("valve_failed", str(err)) from None
+        core.queue_writes(writes)
+        return loop_state(core, _changes(valve=(before, args.valve)))
+
+    def set_feedforward(args: SetFeedforwardArgs, ctx: CommandContext) -> dict[str, Any]:
+        check_output_access(ctx.verb, ctx, leases)
+        before = core.ff.settings.enabled
+        core.set_feedforward(args.enabled)
+        return loop_state(core, _changes(feedforward=(before, args.enabled)))
+
+    def start_step_test(args: StartStepTestArgs, ctx: CommandContext) -> dict[str, Any]:
+        check_output_access(ctx.verb, ctx, leases)
+        target = core.start_step_test(now_mono(ctx), args.step_pct)  # CommandError
+        return loop_state(core, {"step_test": {"from": "idle", "to": "stepping",
+                                               "valve_target_pct": target}})
+
+    def accept_step_test(_args: NoArgs, ctx: CommandContext) -> dict[str, Any]:
+        check_output_access(ctx.verb, ctx, leases)
+        s = core.loop.settings
+        before = {"kc_pct_per_k": s.kc_pct_per_k, "ti_s": s.ti_s}
+        after = core.accept_step_test()  # CommandError
+        return loop_state(core, {"gains": {"from": before, "to": after}})
+
+    def cancel_step_test(_args: NoArgs, ctx: CommandContext) -> dict[str, Any]:
+        check_output_access(ctx.verb, ctx, leases)
+        before = core.step_test.phase
+        core.cancel_step_test()
+        return loop_state(core, _changes(step_test=(before, core.step_test.phase)))
+
+    def reset_leak(args: ResetLeakArgs, ctx: CommandContext) -> dict[str, Any]:
+        check_output_access(ctx.verb, ctx, leases)
+        before = core.safety.state()
+        try:
+            core.reset_leak(now_mono(ctx), reopen=args.reopen_isolation)
+        except ValueError as err:
+            raise CommandError("leak_still_wet", str(err)) from None
+        return loop_state(core, {"leak": {"from": before, "to": core.safety.state()}})
+
     handlers: dict[str, Callable[[Any, CommandContext], dict[str, Any]]] = {
         "get_state": get_state,
         "set_setpoint": set_setpoint,
         "set_mode": set_mode,
         "ack_alarm": ack_alarm,
         "shelve_alarm": shelve_alarm,
+        "set_dp_setpoint": set_dp_setpoint,
+        "set_flow_setpoint": set_flow_setpoint,
+        "set_pump_lead": set_pump_lead,
+        "rotate_pumps": rotate_pumps,
+        "reset_pump_faults": reset_pump_faults,
+        "select_valve": select_valve,
+        "set_feedforward": set_feedforward,
+        "start_step_test": start_step_test,
+        "accept_step_test": accept_step_test,
+        "cancel_step_test": cancel_step_test,
+        "reset_leak": reset_leak,
     }
     for verb, (model, role) in _VERBS.items():
         router.register(verb, model, handlers[verb], role=role)
@@ -256,6 +646,14 @@ def _alarm_change(core: ValveyCore, alarm_id: str, events: list[AlarmEvent]) -> 
         "shelved": snap.shelved if snap is not None else False,
         "shelved_until_mono": snap.shelved_until if snap is not None else None,
     }
+
+
+def valvey_contract() -> DaemonContract:
+    """valvey's verbs and state models (``rackctl schemas``, docs/COMMANDS.md)."""
+    return DaemonContract(
+        "valvey", dict(_VERBS), dict(VALVEY_STATES),
+        "The cooling controller (valvey/commands.py).",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -140,6 +140,16 @@ class SupplyLoopSettings(StrictModel):
     deviation_hysteresis_k: float = Field(1.0, ge=0.0, allow_inf_nan=False)
     deviation_on_delay_s: float = Field(120.0, ge=0.0, allow_inf_nan=False)
     deviation_off_delay_s: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    setpoint_ramp_k_per_min: float | None = Field(
+        1.0, gt=0.0, allow_inf_nan=False,
+        description="a new setpoint is approached at this rate (None: at once) [U: typical "
+        "supervisory slew; REFERENCE §1.5 gives ≤ 10 %/min of valve travel]",
+    )
+    pv_filter_tau_s: float = Field(
+        1.0, ge=0.0, le=30.0, allow_inf_nan=False,
+        description="first-order filter on the 10 Hz PV before the 1 Hz PID (0: none); "
+        "1 s cuts σ 0.03 K sensor noise to ≈ 0.007 K at 1 s of lag [D]",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SupplyLoopSettings:
@@ -207,6 +217,10 @@ class LoopStep:
         conditions: alarm conditions (see `default_alarm_defs`).
         transitions: state changes in this step, e.g. ``mode:auto->failsafe``,
             ``pv:ok->stale`` (log each once).
+        setpoint_target_c: the operator's setpoint (``setpoint_c`` ramps towards it and is
+            raised to the floor when one is set).
+        constraint: what sets the loop's setpoint: ``setpoint`` or the floor's name (e.g.
+            ``dew_point_floor``: the min/max selector's winner).
     """
 
     t_mono: float
@@ -225,6 +239,8 @@ class LoopStep:
     bad_periods: int
     conditions: Mapping[str, bool]
     transitions: tuple[str, ...]
+    setpoint_target_c: float = 0.0
+    constraint: str = "setpoint"
 
 
 def default_alarm_defs() -> list[AlarmDef]:
@@ -313,6 +329,14 @@ class SupplyLoop:
         self._frozen_since: float | None = None
         self._deviation = self._make_detector(settings)
         self._pending: list[str] = []
+        self._sp_ramped = settings.setpoint_c  # the ramp's current value
+        self._sp_used = settings.setpoint_c  # what the PID regulates to (ramp, floor)
+        self._floor: float | None = None
+        self._floor_name = "setpoint"
+        self._constraint = "setpoint"
+        self._pv_filt: float | None = None
+        self._pv_filt_t: float | None = None
+        self._hold = False
 
     @staticmethod
     def _make_detector(s: SupplyLoopSettings) -> ThresholdDetector:
@@ -332,8 +356,53 @@ class SupplyLoop:
 
     @property
     def setpoint_c(self) -> float:
-        """The current setpoint [°C]."""
+        """The operator's setpoint [°C] (the target of the ramp)."""
         return self._setpoint
+
+    @property
+    def effective_setpoint_c(self) -> float:
+        """What the PID regulates to now [°C]: the ramped setpoint, raised to the floor."""
+        return self._sp_used
+
+    @property
+    def constraint(self) -> str:
+        """``setpoint`` or the name of the floor that wins (the selector's winner)."""
+        return self._constraint
+
+    def set_floor(self, floor_c: float | None, name: str = "floor") -> None:
+        """A lower bound on the setpoint (the min/max selector's max-select: e.g. the dew-point
+        floor, supply ≥ dew point + margin, REFERENCE §8). None removes it. It applies from
+        the next period, at once (a safety constraint is not ramped).
+
+        Raises:
+            ValueError: not finite.
+        """
+        if floor_c is not None:
+            floor_c = _finite_or_value_error("floor_c", floor_c)
+        self._floor = floor_c
+        self._floor_name = name
+
+    def set_hold(self, on: bool, name: str = "hold") -> None:
+        """Hold the command (e.g. the rack's liquid isolated: no flow, the temperatures say
+        nothing about the valve): the PID tracks the held command and resumes bumplessly from
+        it when released. Fail-safe and manual are unaffected."""
+        if on == self._hold:
+            return
+        self._hold = on
+        self._pending.append(f"hold:{'on:' + name if on else 'off'}")
+        if not on and self._mode == "auto" and self._command is not None:
+            self._pid.set_auto(self._command)
+
+    @property
+    def held(self) -> bool:
+        """True while `set_hold` holds the command."""
+        return self._hold
+
+    def rebase(self) -> None:
+        """Re-initialise the PID from the current command (bumpless) on the next update: used
+        when the feedforward is switched on or off (its step is absorbed by the integrator)."""
+        if self._mode == "auto" and self._command is not None:
+            self._pid.set_auto(self._command)
 
     @property
     def control_mode(self) -> ControlMode:
@@ -344,6 +413,11 @@ class SupplyLoop:
     def shadow(self) -> bool:
         """True while in shadow mode (nothing is written)."""
         return self._shadow
+
+    @property
+    def manual_target_pct(self) -> float | None:
+        """The operator's manual output [%] while in manual mode, else None."""
+        return self._manual_target if self._mode == "manual" else None
 
     @property
     def command_pct(self) -> float | None:
@@ -373,7 +447,21 @@ class SupplyLoop:
                 f"setpoint_c {sp} outside [{self._s.setpoint_min_c}, {self._s.setpoint_max_c}]",
             )
         self._setpoint = sp
-        self._pid.set_setpoint(sp)
+        if self._s.setpoint_ramp_k_per_min is None or self._t_period is None:
+            self._sp_ramped = sp
+            self._apply_sp()
+
+    def _apply_sp(self) -> None:
+        sp = self._sp_ramped
+        constraint = "setpoint"
+        if self._floor is not None and self._floor > sp:
+            sp, constraint = self._floor, self._floor_name
+        if constraint != self._constraint:
+            self._pending.append(f"constraint:{self._constraint}->{constraint}")
+            self._constraint = constraint
+        if sp != self._sp_used:
+            self._sp_used = sp
+            self._pid.set_setpoint(sp)
 
     def set_manual(self, output_pct: float) -> None:
         """Operator output: manual mode moving the valve to ``output_pct`` at the rate limit
@@ -420,7 +508,10 @@ class SupplyLoop:
         self._pid.set_settings(settings.pid_settings())
         sp = min(settings.setpoint_max_c, max(settings.setpoint_min_c, self._setpoint))
         self._setpoint = sp
-        self._pid.set_setpoint(sp)
+        self._sp_ramped = min(settings.setpoint_max_c,
+                              max(settings.setpoint_min_c, self._sp_ramped))
+        self._sp_used = math.nan  # re-applied below
+        self._apply_sp()
         old = self._deviation
         if (old.high, old.hysteresis, old.on_delay_s, old.off_delay_s) != (
             settings.deviation_warn_k,
@@ -489,7 +580,18 @@ class SupplyLoop:
         if status != self._pv_status:
             self._pending.append(f"pv:{self._pv_status}->{status}")
             self._pv_status = status
-        deviation = None if pv_value is None else pv_value - self._setpoint
+        if pv_value is not None and s.pv_filter_tau_s > 0.0:
+            assert pv is not None
+            if self._pv_filt is None or self._pv_filt_t is None:
+                self._pv_filt, self._pv_filt_t = pv_value, pv.t_mono
+            elif pv.t_mono > self._pv_filt_t:
+                a = 1.0 - math.exp(-(pv.t_mono - self._pv_filt_t) / s.pv_filter_tau_s)
+                self._pv_filt += (pv_value - self._pv_filt) * a
+                self._pv_filt_t = pv.t_mono
+            pv_value = self._pv_filt
+        elif pv_value is None:
+            self._pv_filt = self._pv_filt_t = None  # a gap: start afresh from the next reading
+        deviation = None if pv_value is None else pv_value - self._sp_used
         deviating = self._deviation.update(now, None if deviation is None else abs(deviation))
 
         pid_updated = False
@@ -497,6 +599,7 @@ class SupplyLoop:
         if self._t_period is None or now - self._t_period >= s.period_s - _PERIOD_TOLERANCE_S:
             dt_period = None if self._t_period is None else now - self._t_period
             self._t_period = now
+            self._ramp_setpoint(dt_period)
             pid_updated = self._period(now, dt_period, pv_value, readback, ff)
             write = self._decide_write()
         transitions, self._pending = tuple(self._pending), []
@@ -517,7 +620,7 @@ class SupplyLoop:
             write=write,
             pid_updated=pid_updated,
             pid=last,
-            setpoint_c=self._setpoint,
+            setpoint_c=self._sp_used,
             pv_c=pv_value,
             pv_status=status,
             pv_quality=None if pv is None else pv.quality,
@@ -526,6 +629,8 @@ class SupplyLoop:
             bad_periods=self._bad_periods,
             conditions=conditions,
             transitions=transitions,
+            setpoint_target_c=self._setpoint,
+            constraint=self._constraint,
         )
 
     # --- internals -------------------------------------------------------------------------
@@ -596,6 +701,10 @@ class SupplyLoop:
 
         # auto
         assert self._command is not None
+        if self._hold:
+            self._pid.set_manual(self._command)  # tracks, computes nothing new
+            self._t_pid = now
+            return False
         if not good:
             if self._bad_periods >= s.failsafe_after_periods:
                 self._enter_failsafe(now)
@@ -613,6 +722,17 @@ class SupplyLoop:
             self._pid.track(cmd)
         self._command = cmd
         return True
+
+    def _ramp_setpoint(self, dt_period: float | None) -> None:
+        rate = self._s.setpoint_ramp_k_per_min
+        target = self._setpoint
+        if rate is None or dt_period is None:
+            self._sp_ramped = target
+        else:
+            d = target - self._sp_ramped
+            m = rate / 60.0 * dt_period
+            self._sp_ramped += m if d > m else -m if d < -m else d
+        self._apply_sp()
 
     def _enter_failsafe(self, now: float) -> None:
         fs = self._s.failsafe_output_pct

@@ -3,9 +3,10 @@
 (tests/adapters/mqtt_cli.py), network cuts go through tests/adapters/mqtt_proxy.py.
 
 DESIGN §3 (replies on the v5 response topic with correlation data, else on
-``cmd/<user>/<verb>/result``; never acted on when retained). FIELD-CASES BR-22 (a: a DUP
-redelivery answered, never re-applied; b: a broker restarted without persistence, the router
-resubscribed through the link).
+``cmd/<user>/<verb>/result``; never acted on when retained: on v5 also when published retained
+and delivered live, through Retain As Published; on 3.1.1 the documented limit). FIELD-CASES
+BR-22 (a: a DUP redelivery answered, never re-applied; b: a broker restarted without
+persistence, the router resubscribed through the link).
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ def make_core() -> ValveyCore:
     return core
 
 
-def make_daemon(port: int, **mqtt_kw: Any) -> Daemon:
+def make_daemon(port: int, rack: str | None = None, **mqtt_kw: Any) -> Daemon:
     s = MqttSettings(**{"port": port, "reconnect_min_s": 0.1, "reconnect_max_s": 1.0,
                         "stop_timeout_s": 2.0, **mqtt_kw})
-    ident = Identity(site="lab", row="rowA", rack=f"r{uuid.uuid4().hex[:10]}")
+    ident = Identity(site="lab", row="rowA", rack=rack or f"r{uuid.uuid4().hex[:10]}")
     link = MqttLink(s, ident, "valvey", clock=CLOCK)
     core = make_core()
     audits: list[CommandAudit] = []
@@ -119,8 +120,9 @@ async def test_v5_reply_on_response_topic_with_correlation_data(
 ) -> None:
     d = make_daemon(mosquitto.port, protocol="5")
     await start(d, daemons)
-    resp = f"clients/alice/{uuid.uuid4().hex}"
+    # The convention (docs/COMMANDS.md): a response topic in the sender's own reply space.
     result = d.link.topics.cmd_result("alice", "set_setpoint")
+    resp = f"{result}/{uuid.uuid4().hex}"
     async with MqttSub(mosquitto.port, resp, result) as sub:
         await mqtt_pub(mosquitto.port, d.link.topics.cmd("alice", "set_setpoint"),
                        envelope("v5-1", {"setpoint_c": 40.5}), v5=True, response_topic=resp,
@@ -131,7 +133,7 @@ async def test_v5_reply_on_response_topic_with_correlation_data(
     assert reply["ok"] is True and reply["request_id"] == "v5-1"
     assert reply["state"]["setpoint_c"] == 40.5
     assert m.correlation_data == "corr-7" and m.qos == 1 and not m.retain
-    assert sub.on(result) == []
+    assert sub.on(result) == []  # only on the response topic
     assert d.core.loop.setpoint_c == 40.5
     assert [a.outcome for a in d.audits] == ["ok"] and d.audits[0].reply_topic == resp
 
@@ -234,3 +236,79 @@ async def test_br22a_dup_redelivery_through_the_broker_not_reapplied(
     assert reply_of(m)["ok"] is True
     assert d.core.loop.setpoint_c == 42.0  # the redelivered 39 was not applied again
     assert [(a.outcome, a.dup) for a in d.audits] == [("ok", False), ("duplicate", True)]
+
+
+async def test_v5_command_published_retained_is_refused_even_when_delivered_live(
+    mosquitto: Mosquitto, daemons: list[Daemon]
+) -> None:
+    d = make_daemon(mosquitto.port, protocol="5")
+    await start(d, daemons)
+    t = d.link.topics
+    topic = t.cmd("alice", "set_setpoint")
+    try:
+        async with MqttSub(mosquitto.port, t.cmd_result("alice", "set_setpoint")) as sub:
+            await mqtt_pub(mosquitto.port, topic, envelope("live-r", {"setpoint_c": 30}),
+                           retain=True)
+            reply = reply_of(await sub.wait_for(for_request(sub_topic(t), "live-r")))
+            audits = [(a.outcome, a.retained, a.request_id) for a in d.audits]
+    finally:
+        await mqtt_pub(mosquitto.port, topic, None, retain=True)  # (also refused: retained)
+    assert reply["ok"] is False and reply["error"]["code"] == "retained"
+    assert d.core.loop.setpoint_c == 45.0
+    assert audits == [("retained", True, "live-r")]
+
+
+async def test_311_live_retained_command_applied_once_then_refused_from_the_store(
+    mosquitto: Mosquitto, daemons: list[Daemon]
+) -> None:
+    """The MQTT 3.1.1 limit (docs/COMMANDS.md "Retained commands"): the broker clears the flag
+    on live deliveries, so the daemon cannot tell; it applies the (fresh) command once, and
+    refuses the copy the broker replays from its retained store at the next subscribe."""
+    d = make_daemon(mosquitto.port, protocol="3.1.1", clean_session=True)
+    await start(d, daemons)
+    t = d.link.topics
+    topic = t.cmd("alice", "set_setpoint")
+    try:
+        async with MqttSub(mosquitto.port, t.cmd_result("alice", "set_setpoint"),
+                           v5=False) as sub:
+            await mqtt_pub(mosquitto.port, topic, envelope("r311", {"setpoint_c": 41}),
+                           retain=True)
+            first = reply_of(await sub.wait_for(for_request(sub_topic(t), "r311")))
+            assert first["ok"] is True and d.core.loop.setpoint_c == 41.0
+            d.core.loop.set_setpoint(43.0)
+            # A restarted daemon (new session): the stored copy is flagged and refused; the
+            # dedup cache of this process would also answer it, so use a fresh router.
+            await d.link.stop(1.0)
+            d2 = make_daemon(mosquitto.port, d.link.identity.rack, protocol="3.1.1",
+                             clean_session=True)
+            await start(d2, daemons)
+            again = reply_of(await sub.wait_for(for_request(sub_topic(t), "r311"), start=1))
+    finally:
+        await mqtt_pub(mosquitto.port, topic, None, retain=True)
+    assert again["ok"] is False and again["error"]["code"] == "retained"
+    assert d2.core.loop.setpoint_c == 45.0 and d2.router.stats.applied == 0
+
+
+def sub_topic(t: Any) -> str:
+    return str(t.cmd_result("alice", "set_setpoint"))
+
+
+async def test_311_command_round_trip_on_the_demos_embedded_broker(
+    daemons: list[Daemon]
+) -> None:
+    """The demo's amqtt broker speaks only 3.1.1: the router answers on /result and rackctl's
+    client (3.1.1) matches the reply by request_id."""
+    from rackctl.client import ClientSettings, CommandClient
+    from tests.adapters.test_mqtt import amqtt_broker
+
+    async with amqtt_broker() as port:
+        d = make_daemon(port, protocol="3.1.1")
+        await start(d, daemons)
+        settings = ClientSettings(port=port, protocol="3.1.1", username="alice",
+                                  rack=d.link.identity.rack, site=d.link.identity.site)
+        async with CommandClient(settings) as client:
+            reply = await client.call("valvey", "set_setpoint", {"setpoint_c": 42.5})
+            refused = await client.call("valvey", "set_setpoint", {"setpoint_c": 99.0})
+        await d.link.stop(1.0)
+    assert reply["ok"] is True and reply["state"]["setpoint_c"] == 42.5
+    assert refused["error"]["code"] == "out_of_range" and d.core.loop.setpoint_c == 42.5

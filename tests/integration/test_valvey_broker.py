@@ -109,3 +109,47 @@ async def test_br22b_broker_restart_without_persistence_valvey_resubscribes(
             await task
         assert valvey.stop() == 0
         sim.stop()
+
+
+async def test_command_setpoint_survives_a_daemon_restart(
+    tmp_path: Path, mosquitto_private: Mosquitto
+) -> None:
+    """Issue 7 (valvey.persist): a setpoint set by command is saved by the running daemon and
+    restored by the next process; a SIGTERM in between loses nothing."""
+    rack = f"it-{uuid.uuid4().hex[:8]}"
+    modbus_port = free_port()
+    sim = sim_proc(tmp_path, modbus_port, mosquitto_private.port, "load-step-short", rack)
+    cfg = write_valvey_config(
+        tmp_path / "valvey.toml",
+        identity={"rack": rack},
+        cdu={"port": modbus_port},
+        mqtt={"port": mosquitto_private.port, "reconnect_max_s": 1.0},
+        spool={"directory": str(tmp_path / "spool")},
+        commands={"users": {"op1": "operator"}},
+        log={"format": "json"},
+    )
+    op = Operator(mosquitto_private.port, rack)
+    task = asyncio.create_task(op.link.run())
+    valvey = valvey_proc(tmp_path, cfg)
+    try:
+        sim.start()
+        valvey.start()
+        await op.link.wait_ready(15)
+        r1 = await op.command("set_setpoint", {"setpoint_c": 43.5})
+        assert r1["ok"] is True and r1["state"]["setpoint_c"] == 43.5, r1
+        assert valvey.stop() == 0
+        doc = json.loads((tmp_path / f"valvey-state-{rack}.json").read_text())
+        assert doc["format"] == "valvey-state" and doc["data"]["setpoint_c"] == 43.5
+
+        valvey = valvey_proc(tmp_path, cfg).start()  # the restart
+        r2 = await op.command("get_state", {}, timeout_s=20)
+        assert r2["ok"] is True and r2["state"]["setpoint_c"] == 43.5, r2
+        assert r2["state"]["control_mode"] != "manual"
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(op.link.stop(), 3)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        assert valvey.stop() == 0
+        sim.stop()

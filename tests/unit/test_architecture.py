@@ -50,6 +50,8 @@ def _importers(prefix: str) -> set[str]:
     ("pymodbus", {"rackplane/modbus.py", "sims/modbus_face.py"}),
     ("influxdb_client", {"rackplane/tsdb.py"}),
     ("simple_pid", {"rackplane/pid.py"}),
+    ("prometheus_client", {"rackplane/selfmetrics.py"}),
+    ("serial", {"rackplane/modbus.py"}),
 ])
 def test_each_library_has_one_adapter(library: str, allowed: set[str]) -> None:
     assert _importers(library) <= allowed

@@ -11,6 +11,7 @@ import math
 import statistics
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -51,7 +52,7 @@ class Runner:
         return out
 
 
-def warm(power_w: float, **kw: float) -> tuple[CduPlant, Runner]:
+def warm(power_w: float, **kw: Any) -> tuple[CduPlant, Runner]:
     plant = CduPlant(CduParams(), seed=1)
     res = plant.warm_start(power_w, **kw)
     assert res.holds_setpoint

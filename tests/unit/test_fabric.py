@@ -153,6 +153,41 @@ def test_reboot_resets_the_gpus_counters_uptime_and_boot_id() -> None:
     assert (rec.kind, rec.target, rec.start_s, rec.end_s) == ("reboot", "gpu01", 30.0, 30.0)
 
 
+def test_power_off_takes_the_gpus_links_down_and_power_on_boots_them() -> None:
+    """The tray power-state hook: power_off takes every up port of the GPU down (one
+    link_downed and one carrier change each, as the partner sees it), no traffic, no counts,
+    uptime stopped; power_on reboots the GPU (counters 0, new boot id) and trains the links up
+    (carrier_changes 1). Neither is a fault (not in fault_log); the other GPUs are untouched."""
+    f = LinkFabric(gpus=3, seed=7)
+    _run(f, 20, demand=0.8)
+    before = f.snapshot()
+    ports = list(f.ports_of_gpu(1))
+    others = [p for p in range(f.n_ports) if p not in ports]
+    n_faults = len(f.fault_log())
+    f.power_off(1)
+    f.power_off(1)  # already off: nothing more happens
+    _run(f, 30, demand=0.8)
+    off = f.snapshot()
+    assert not off["link_up"][ports].any() and off["link_up"][others].all()
+    assert (off["tx_bytes_per_s"][ports] == 0).all()
+    assert (off["link_downed"][ports] == before["link_downed"][ports] + 1).all()
+    assert (off["carrier_changes"][ports] == before["carrier_changes"][ports] + 1).all()
+    assert off["uptime_s"][1] == before["uptime_s"][1]
+    assert off["uptime_s"][0] == pytest.approx(before["uptime_s"][0] + 30.0)
+    assert not f.powered[1] and f.powered[[0, 2]].all()
+    f.power_on(1)
+    _run(f, 5, demand=0.8)
+    on = f.snapshot()
+    assert on["link_up"][ports].all()
+    assert (on["carrier_changes"][ports] == 1).all() and (on["link_downed"][ports] == 0).all()
+    assert on["boot_id"][1] != before["boot_id"][1]
+    assert on["uptime_s"][1] == pytest.approx(5.0)
+    assert (on["tx_bytes_per_s"][ports] > 0).all()
+    assert len(f.fault_log()) == n_faults
+    with pytest.raises(ValueError):
+        f.power_off(3)
+
+
 # --- FIELD-CASES ----------------------------------------------------------------------------
 
 

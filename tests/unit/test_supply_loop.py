@@ -37,7 +37,9 @@ def pv(value: float, t: float) -> Sample:
 
 
 def mk(**kw: Any) -> SupplyLoop:
-    return SupplyLoop(SupplyLoopSettings(**kw))
+    """The raw loop: no PV filter, no setpoint ramp unless a test asks (they have own tests)."""
+    return SupplyLoop(SupplyLoopSettings(**{"pv_filter_tau_s": 0.0,
+                                            "setpoint_ramp_k_per_min": None, **kw}))
 
 
 def ticks(start: float, seconds: float) -> list[float]:

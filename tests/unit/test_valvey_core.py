@@ -18,7 +18,7 @@ def samples(t: float, supply_c: float, valve_cmd_pct: float) -> dict[str, Sample
 
 
 def core(**loop: object) -> ValveyCore:
-    return ValveyCore(SupplyLoopSettings(**loop), CduPoints(), ControlSettings(), T0)  # type: ignore[arg-type]
+    return ValveyCore(SupplyLoopSettings(**loop), CduPoints(), ControlSettings(), T0)
 
 
 def test_heartbeat_every_interval_and_never_in_shadow() -> None:

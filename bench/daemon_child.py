@@ -1,0 +1,100 @@
+"""Run racky or valvey exactly as their console scripts do (`rackplane.service.run_daemon`), with
+counters the benchmarks need and the daemons do not publish, written as JSON at exit.
+
+Usage: ``python bench/daemon_child.py racky|valvey CONFIG STATS_JSON``
+
+* racky: every tray payload handed to ``TelemetryIngest.tray_payload`` is counted (first and
+  last monotonic time), so the benchmark can compare what it published with what racky parsed.
+* valvey: every control-tick lateness is kept (``TickStats.recent_late_s`` keeps only 600).
+
+The stats file is written when the daemon stops (SIGTERM). Nothing else differs from
+``racky --config CONFIG`` / ``valvey --config CONFIG``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rackplane.cli import setup_logging
+from rackplane.service import TickStats, run_daemon
+
+
+class _KeepAll(TickStats):
+    def record(self, late_s: float, keep: int = 600) -> None:
+        super().record(late_s, keep=10**8)
+
+
+def _racky(cfg_path: Path, stats: dict[str, Any]) -> Any:
+    from racky.app import Racky, load_racky_config
+
+    cfg = load_racky_config(cfg_path)
+    setup_logging(None, None, cfg.log)
+    daemon = Racky(cfg, config_path=cfg_path)
+    ingest = daemon.ingest
+    parse = ingest.tray_payload
+
+    def counted(payload: Any, t_mono: float, *args: Any, **kwargs: Any) -> Any:
+        now = time.monotonic()
+        if stats["parsed"] == 0:
+            stats["first_mono"] = now
+        stats["parsed"] += 1
+        stats["last_mono"] = now
+        return parse(payload, t_mono, *args, **kwargs)
+
+    stats.update(parsed=0, first_mono=None, last_mono=None)
+    setattr(ingest, "tray_payload", counted)  # noqa: B010 - wraps the bound method
+    return daemon
+
+
+def _valvey(cfg_path: Path, stats: dict[str, Any]) -> Any:
+    from valvey.app import Valvey, load_valvey_config
+
+    cfg, regmap = load_valvey_config(cfg_path)
+    setup_logging(None, None, cfg.log)
+    daemon = Valvey(cfg, regmap, config_path=cfg_path)
+    daemon.tick_stats = _KeepAll()
+    return daemon
+
+
+async def _run(daemon: Any, which: str, marker: Path) -> int:
+    """`run_daemon`, plus ``marker`` written once the broker granted every subscription (the
+    benchmark starts its load only then, so nothing is lost to a late subscribe)."""
+
+    async def watch() -> None:
+        mq = daemon.mqtt
+        while not (mq.configured_topics and mq.subscribed_topics == mq.configured_topics):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        marker.write_text("1")  # noqa: ASYNC240 - once
+
+    task = asyncio.create_task(watch())
+    try:
+        return await run_daemon(daemon, which)
+    finally:
+        task.cancel()
+
+
+def main(argv: list[str]) -> int:
+    which, cfg_path, out = argv[0], Path(argv[1]), Path(argv[2])
+    stats: dict[str, Any] = {"daemon": which}
+    daemon = _racky(cfg_path, stats) if which == "racky" else _valvey(cfg_path, stats)
+    rc = asyncio.run(_run(daemon, which, Path(str(out) + ".subscribed")))
+    ts = daemon.tick_stats
+    stats.update(ticks=ts.ticks, overruns=ts.overruns, late_max_s=ts.late_max_s,
+                 late_s=list(ts.recent_late_s))
+    mq = getattr(daemon, "mqtt", None)
+    if mq is not None:
+        stats["mqtt_messages_in"] = mq.stats.messages_in
+    ing = getattr(daemon, "ingest", None)
+    if ing is not None:
+        stats["payload_errors"] = ing.errors
+    out.write_text(json.dumps(stats))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

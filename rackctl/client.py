@@ -1,0 +1,444 @@
+"""The CLI's MQTT client: send a command and wait for its reply, or watch a daemon's topics.
+
+Built on `rackplane.mqtt.MqttLink` (no second MQTT client library) with ``announce=False``:
+a client publishes no ``status`` and sets no Will, so a user whose broker ACL only lets it
+command (or only read) never publishes outside its rights. The contract it speaks is
+docs/COMMANDS.md (DESIGN §3):
+
+- the envelope ``{request_id, issued_at, args}`` goes QoS 1, not retained, to
+  ``<root>/<site>/<rack>/<daemon>/cmd/<user>/<verb>`` (``<user>`` = the broker username);
+- on MQTT v5 it carries a Response Topic in the user's own reply space,
+  ``.../cmd/<user>/<verb>/result/<nonce>`` (one nonce per client), and Correlation Data (the
+  request id); on 3.1.1 the reply comes on ``.../cmd/<user>/<verb>/result``. The client
+  subscribes ``.../cmd/<user>/+/result/#`` (both cases) before it publishes and matches the
+  reply by ``request_id``.
+
+Connection settings (`ClientSettings`) come from, highest first: command-line flags,
+``RACKCTL_<FIELD>`` environment variables (e.g. ``RACKCTL_HOST``, ``RACKCTL_CA_FILE``), a TOML
+file (``--config``, else ``$RACKCTL_CONFIG``, else ``~/.config/rackctl/config.toml`` if it
+exists), then the defaults. The password never comes from a flag or a file: only from the
+environment variable named by ``password_env`` (default ``RACKCTL_PASSWORD``).
+
+Errors (and the CLI's exit codes, rackctl/cli.py): `BrokerUnavailable` (3: no connection
+within ``connect_timeout_s``), `BrokerRefused` (2: the broker refused the login: credentials
+or TLS settings), `rackplane.mqtt.PublishRefused` (1: a v5 broker's ACL refused the command),
+`ReplyTimeout` (3: no reply within ``timeout_s``; the command may still be applied later,
+until its TTL: retry with the same request id, it is never applied twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import json
+import os
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from rackplane.clock import SYSTEM_CLOCK, Clock
+from rackplane.config import StrictModel, read_toml, validate_data
+from rackplane.errors import ConfigError
+from rackplane.mqtt import Handler, Message, MqttLink, Topics, encode_json
+from rackplane.settings import Identity, MqttSettings, TlsSettings
+
+__all__ = [
+    "ENV_PREFIX",
+    "BrokerRefused",
+    "BrokerUnavailable",
+    "ClientSettings",
+    "CommandClient",
+    "ReplyTimeout",
+    "default_config_path",
+    "load_client_settings",
+    "parse_args",
+    "watch_filters",
+]
+
+ENV_PREFIX = "RACKCTL_"
+"""Environment variables ``RACKCTL_<FIELD>`` (upper case) set `ClientSettings` fields."""
+
+
+class ClientSettings(StrictModel):
+    """Where rackctl connects and whom it addresses (flags > ``RACKCTL_*`` env > file >
+    these defaults)."""
+
+    host: str = Field("127.0.0.1", description="broker host")
+    port: int = Field(1883, ge=1, le=65535, description="broker port (TLS: usually 8883)")
+    protocol: Literal["3.1.1", "5"] = Field("5", description="MQTT protocol version")
+    username: str | None = Field(None, description="broker username (also the <user> level)")
+    password_env: str = Field(
+        "RACKCTL_PASSWORD", description="environment variable holding the password (never a "
+        "flag or a file); unset: no password"
+    )
+    ca_file: Path | None = Field(None, description="CA certificate (PEM): enables TLS")
+    cert_file: Path | None = Field(None, description="client certificate (PEM), optional")
+    key_file: Path | None = Field(None, description="client key (PEM), with cert_file")
+    site: str = Field("lab", description="topic level <site>")
+    rack: str = Field("rack1", description="topic level <rack>")
+    topic_root: str = Field("rackplane", description="first topic level(s)")
+    user: str | None = Field(
+        None, description="the cmd/<user> level; default the username, else the login name "
+        "(without broker authentication it proves nothing)"
+    )
+    timeout_s: float = Field(10.0, gt=0, le=3600, description="wait for a reply [s]")
+    connect_timeout_s: float = Field(5.0, gt=0, le=120, description="wait for the broker [s]")
+
+    @field_validator("user")
+    @classmethod
+    def _user_level(cls, v: str | None) -> str | None:
+        if v is not None and (not v or any(c in v for c in "/+#\x00")):
+            raise ValueError("must be one non-empty topic level without '/', '+' or '#'")
+        return v
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ClientSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (client certificate auth)")
+        if self.cert_file is not None and self.ca_file is None:
+            raise ValueError("a client certificate needs TLS: set ca_file too")
+        return self
+
+    @property
+    def topic_user(self) -> str:
+        """The ``cmd/<user>`` level: ``user``, else ``username``, else the login name."""
+        return self.user or self.username or getpass.getuser()
+
+    def identity(self) -> Identity:
+        """The site and rack addressed (the row is not a topic level)."""
+        return Identity(site=self.site, rack=self.rack)
+
+    def topics(self, daemon: str) -> Topics:
+        """Topic names of ``daemon`` at this site and rack.
+
+        Raises:
+            ValueError: ``daemon`` is not a valid topic level.
+        """
+        return Topics(self.topic_root, self.identity(), daemon)
+
+    def mqtt(self, environ: Mapping[str, str] | None = None) -> MqttSettings:
+        """The `MqttSettings` of a client link: clean session, a unique client id (two
+        rackctl runs never take over each other's connection), quick reconnects, the password
+        from ``password_env`` if that variable is set."""
+        env = os.environ if environ is None else environ
+        tls = None
+        if self.ca_file is not None:
+            tls = TlsSettings(ca_file=self.ca_file, cert_file=self.cert_file,
+                              key_file=self.key_file)
+        return MqttSettings(
+            host=self.host, port=self.port, protocol=self.protocol,
+            client_id=f"rackctl-{self.topic_user[:24]}-{uuid.uuid4().hex[:10]}",
+            username=self.username,
+            password_env=self.password_env if self.password_env in env else None,
+            tls=tls, clean_session=True, reconnect_min_s=0.2, reconnect_max_s=1.0,
+            ack_timeout_s=min(self.connect_timeout_s, 120.0), stop_timeout_s=1.0,
+            topic_root=self.topic_root,
+        )
+
+
+def default_config_path(environ: Mapping[str, str] | None = None) -> Path | None:
+    """``$RACKCTL_CONFIG``, else ``$XDG_CONFIG_HOME/rackctl/config.toml`` (default
+    ``~/.config``) if that file exists, else None."""
+    env = os.environ if environ is None else environ
+    named = env.get(f"{ENV_PREFIX}CONFIG")
+    if named:
+        return Path(named)
+    base = Path(env["XDG_CONFIG_HOME"]) if env.get("XDG_CONFIG_HOME") else \
+        Path(env.get("HOME", str(Path.home()))) / ".config"
+    path = base / "rackctl" / "config.toml"
+    return path if path.is_file() else None
+
+
+def load_client_settings(
+    flags: Mapping[str, Any] | None = None,
+    *,
+    config: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ClientSettings:
+    """Merge flags > ``RACKCTL_<FIELD>`` env > the TOML file > defaults.
+
+    Args:
+        flags: field -> value; None values count as "not given".
+        config: the TOML file (flat keys named like the fields); None: `default_config_path`.
+        environ: default ``os.environ``.
+
+    Raises:
+        ConfigError: unreadable or invalid file, or an invalid value from any source (the
+            message names the field and where values came from).
+    """
+    env = os.environ if environ is None else environ
+    path = Path(config) if config is not None else default_config_path(env)
+    data: dict[str, Any] = {}
+    if path is not None:
+        data.update(read_toml(path))
+        base_dir = path.parent
+        for key in ("ca_file", "cert_file", "key_file"):  # relative to the file's folder
+            if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
+                data[key] = str(base_dir / data[key])
+        if "password" in data:
+            raise ConfigError(f"{path}: password: secrets never go in files; set the "
+                              f"environment variable named by password_env (default "
+                              f"{ENV_PREFIX}PASSWORD)")
+    for name in ClientSettings.model_fields:
+        value = env.get(f"{ENV_PREFIX}{name.upper()}")
+        if value not in (None, ""):
+            data[name] = value
+    data.update({k: v for k, v in (flags or {}).items() if v is not None})
+    source = "rackctl settings (flags, RACKCTL_* environment" + (f", {path})" if path else ")")
+    return validate_data(ClientSettings, data, source)
+
+
+def parse_args(pairs: Sequence[str], args_json: str | None = None) -> dict[str, Any]:
+    """The ``args`` object from ``--args JSON`` and ``--arg k=v`` (later ones win).
+
+    A value is read as JSON when it parses (``40`` a number, ``true`` a boolean, ``null``,
+    ``"40"`` a string, ``[1,2]`` an array), else taken as a plain string (``mode=manual``).
+
+    Raises:
+        ValueError: ``--args`` is not a JSON object, or a pair has no ``=`` or an empty key.
+    """
+    out: dict[str, Any] = {}
+    if args_json is not None:
+        try:
+            obj = json.loads(args_json)
+        except ValueError as err:
+            raise ValueError(f"--args is not valid JSON: {err}") from None
+        if not isinstance(obj, dict):
+            raise ValueError("--args must be a JSON object, e.g. '{\"setpoint_c\": 40}'")
+        out.update(obj)
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--arg {pair!r}: expected key=value")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+def watch_filters(topics: Topics) -> list[str]:
+    """What ``rackctl watch`` subscribes: ``status``, ``state/+``, ``alarm/+``."""
+    return [topics.status, f"{topics.base}/state/+", f"{topics.base}/alarm/+"]
+
+
+class BrokerUnavailable(Exception):
+    """No connection to the broker within ``connect_timeout_s`` (exit 3)."""
+
+
+class BrokerRefused(Exception):
+    """The broker refused the login in its CONNACK: bad username or password, not authorised
+    (exit 2: fix the settings)."""
+
+
+class ReplyTimeout(Exception):
+    """No reply within ``timeout_s`` (exit 3). The command may still be applied later (it
+    may be queued for a daemon that is away) until its TTL; sending it again with the same
+    ``request_id`` is safe."""
+
+
+class CommandClient:
+    """One broker connection for rackctl: ``async with CommandClient(settings) as c``.
+
+    Args:
+        settings: connection and addressing.
+        clock: wall time for ``issued_at``; monotonic time for the link.
+
+    Use `subscribe` (before entering) for extra filters (``watch``), `call` to send commands.
+
+    Raises (on entering):
+        BrokerUnavailable, BrokerRefused: see the module docstring.
+        ConfigError: the password variable is named but unset, TLS files unreadable.
+    """
+
+    def __init__(self, settings: ClientSettings, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.settings = settings
+        self._clock = clock
+        self.link = MqttLink(settings.mqtt(), settings.identity(), "rackctl", clock=clock,
+                             announce=False)
+        self._nonce = uuid.uuid4().hex[:12]
+        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._reply_filters: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self.arrivals: list[str] = []
+        """Request ids in the order their replies arrived."""
+
+    def subscribe(self, topic_filter: str, handler: Handler, qos: int = 1) -> None:
+        """Add a subscription (before entering: it is then live once entered)."""
+        self.link.subscribe(topic_filter, handler, qos=qos)
+
+    def expect_replies_from(self, daemon: str) -> None:
+        """Subscribe to this user's reply space of ``daemon`` (``call`` does it too; calling
+        it before entering saves a round trip)."""
+        topics = self.settings.topics(daemon)
+        flt = f"{topics.base}/cmd/{self.settings.topic_user}/+/result/#"
+        if flt not in self._reply_filters:
+            self._reply_filters.add(flt)
+            self.link.subscribe(flt, self._on_reply, qos=1)
+
+    async def __aenter__(self) -> CommandClient:
+        self._task = asyncio.create_task(self.link.run(), name="rackctl-mqtt")
+        try:
+            await self._wait_connected()
+        except BaseException:
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.link.stop(1.0), 3.0)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        for fut in self._pending.values():
+            fut.cancel()
+
+    async def _wait_connected(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.connect_timeout_s
+        s = self.settings
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await self.link.wait_ready(0.05)
+                return
+            st = self.link.stats
+            if st.connack_refusals:
+                raise BrokerRefused(f"the broker at {s.host}:{s.port} refused the login as "
+                                    f"{s.username or '(anonymous)'}: {st.last_connect_error}")
+            if self._task is not None and self._task.done():
+                err = self._task.exception() if not self._task.cancelled() else None
+                raise BrokerUnavailable(f"MQTT link ended: {err!r}")
+            if loop.time() >= deadline:
+                why = st.last_connect_error or "no answer"
+                raise BrokerUnavailable(
+                    f"no connection to the broker at {s.host}:{s.port} within "
+                    f"{s.connect_timeout_s:g} s ({why})"
+                )
+
+    async def _wait_subscribed(self, topic_filter: str, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while topic_filter not in self.link.subscribed_topics:
+            if loop.time() >= deadline:
+                raise BrokerUnavailable(f"the broker did not confirm the subscription to "
+                                        f"{topic_filter} within {timeout_s:g} s")
+            await asyncio.sleep(0.01)
+
+    def _on_reply(self, msg: Message) -> None:
+        try:
+            body = msg.json()
+        except ValueError:
+            return
+        if not isinstance(body, dict):
+            return
+        rid = body.get("request_id")
+        fut = self._pending.get(rid) if isinstance(rid, str) else None
+        if fut is not None and not fut.done():
+            self.arrivals.append(str(rid))
+            fut.set_result(body)
+
+    def envelope(self, args: Mapping[str, Any], request_id: str) -> dict[str, Any]:
+        """The command envelope with ``issued_at`` = now (wall clock, RFC 3339 UTC)."""
+        issued = datetime.fromtimestamp(self._clock.wall_ns() / 1e9, tz=UTC)
+        return {"request_id": request_id,
+                "issued_at": issued.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                "args": dict(args)}
+
+    async def send(
+        self,
+        daemon: str,
+        verb: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> asyncio.Future[dict[str, Any]]:
+        """Publish a command (once the broker acknowledged it) and return the future of its
+        reply, without waiting for it: for scripts that send several at once (the replies
+        are matched by ``request_id``; `arrivals` records their order).
+
+        Raises:
+            ValueError: daemon or verb not a valid topic level, args not JSON-serialisable,
+                the request id already waiting for a reply.
+            PublishRefused: a v5 broker refused the publish (ACL).
+            BrokerUnavailable: the reply subscription was not confirmed in time.
+            MqttError: the connection was lost while publishing.
+        """
+        s = self.settings
+        topics = s.topics(daemon)
+        topic = topics.cmd(s.topic_user, verb)
+        rid = request_id or f"rc-{uuid.uuid4().hex[:16]}"
+        if rid in self._pending:
+            raise ValueError(f"request_id {rid!r} is already waiting for its reply")
+        data = encode_json(self.envelope(args or {}, rid))
+        self.expect_replies_from(daemon)
+        await self._wait_subscribed(f"{topics.base}/cmd/{s.topic_user}/+/result/#",
+                                    max(s.timeout_s, 1.0))
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        fut.add_done_callback(lambda _f: self._pending.pop(rid, None))
+        response_topic = f"{topic}/result/{self._nonce}" if s.protocol == "5" else None
+        try:
+            await self.link.publish(topic, data, qos=1, response_topic=response_topic,
+                                    correlation_data=rid.encode())
+        except BaseException:
+            fut.cancel()
+            raise
+        return fut
+
+    async def call(
+        self,
+        daemon: str,
+        verb: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Send ``verb`` to ``daemon`` and return its reply ``{request_id, ok, error, state}``
+        (``ok: false`` is a reply too: the caller decides).
+
+        Raises:
+            ValueError: daemon or verb not a valid topic level, args not JSON-serialisable.
+            PublishRefused: a v5 broker refused the publish (ACL).
+            MqttError: the connection was lost while publishing.
+            ReplyTimeout: no reply in ``timeout_s`` (default ``settings.timeout_s``).
+        """
+        s = self.settings
+        timeout = s.timeout_s if timeout_s is None else timeout_s
+        rid = request_id or f"rc-{uuid.uuid4().hex[:16]}"
+        fut = await self.send(daemon, verb, args, request_id=rid)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            hint = "" if s.protocol == "5" else (
+                "; on MQTT 3.1.1 a command the broker's ACL refuses is dropped silently: "
+                "check that your user may command this daemon")
+            raise ReplyTimeout(
+                f"no reply from {daemon} ({s.topics(daemon).base}) to {verb} within "
+                f"{timeout:g} s: the daemon may be down or away; it may still apply the "
+                f"command within its TTL (retry with the same --request-id {rid}, it is "
+                f"never applied twice){hint}"
+            ) from None
+
+
+def on_json(callback: Callable[[Message, Any], None]) -> Handler:
+    """A `Handler` that decodes the payload as JSON (None for an empty or invalid one)."""
+
+    def handler(msg: Message) -> None:
+        try:
+            body = msg.json() if msg.payload else None
+        except ValueError:
+            body = None
+        callback(msg, body)
+
+    return handler

@@ -1,0 +1,170 @@
+"""``rackctl cmd`` and ``rackctl watch`` as a person or a script uses them: real processes
+(rackctl and valvey) through a real Mosquitto. Exit codes: 0 ok, 1 refused, 2 usage or
+settings, 3 no broker or no reply (rackctl/cli.py). Settings from flags, RACKCTL_*
+environment variables or a file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from typer.testing import CliRunner
+
+from rackctl.cli import app
+from rackplane.commands import AlarmPayload, CommandReply, LeasesState, StatusPayload
+from tests.integration.harness import STARTED, Proc, valvey_proc, write_valvey_config
+from tests.servers import Mosquitto, free_port
+
+pytestmark = [pytest.mark.servers]
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> dict[str, Any]:
+        doc = json.loads(self.out)
+        CommandReply.model_validate(doc)
+        assert isinstance(doc, dict)
+        return doc
+
+
+def rackctl(*argv: str, env: dict[str, str] | None = None) -> Run:
+    """rackctl in this process (typer's runner: the same code, without ~0.7 s of interpreter
+    start-up per run); `rackctl_process` runs the real console entry point."""
+    result = CliRunner().invoke(app, list(argv), env={"HOME": "/nonexistent", "COLUMNS": "200",
+                                                      **(env or {})})
+    return Run(result.exit_code, result.stdout, result.stderr)
+
+
+def rackctl_process(*argv: str) -> Run:
+    proc = subprocess.run([sys.executable, "-m", "rackctl", *argv], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "HOME": "/nonexistent"})
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """The CLI configures process-wide logging onto the runner's (then closed) streams."""
+    saved, root = structlog.get_config(), logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers[:], root.level = handlers, level
+
+
+@pytest.fixture(scope="module")
+def valvey(tmp_path_factory: pytest.TempPathFactory, mosquitto: Mosquitto) -> Iterator[Proc]:
+    tmp = tmp_path_factory.mktemp("cli")
+    rack = f"cli-{uuid.uuid4().hex[:8]}"
+    cfg = write_valvey_config(
+        tmp / "valvey.toml", identity={"rack": rack}, mqtt={"port": mosquitto.port},
+        cdu={"port": free_port()}, spool={"directory": str(tmp / "spool")},
+        commands={"users": {"alice": "operator", "viewer": "reader"}}, log={"format": "json"})
+    proc = valvey_proc(tmp, cfg)
+    proc.rack = rack  # type: ignore[attr-defined]
+    proc.start()
+    STARTED.remove(proc)  # shared by this module's tests: stopped here, not after each test
+    try:
+        yield proc
+    finally:
+        assert proc.stop() == 0
+
+
+def flags(mosquitto: Mosquitto, valvey: Proc) -> list[str]:
+    return ["--port", str(mosquitto.port), "--rack", valvey.rack]  # type: ignore[attr-defined]
+
+
+def wait_online(mosquitto: Mosquitto, valvey: Proc) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        r = rackctl("cmd", "valvey", "get_state", "--json", "--timeout", "1",
+                    *flags(mosquitto, valvey))
+        if r.code == 0:
+            return
+        assert valvey.alive(), valvey.log.read_text()[-2000:]
+    raise AssertionError("valvey never answered")
+
+
+def test_cmd_replies_and_exit_codes_for_scripts(
+    mosquitto: Mosquitto, valvey: Proc, tmp_path: Path
+) -> None:
+    wait_online(mosquitto, valvey)
+    f = flags(mosquitto, valvey)
+    cfg = tmp_path / "rackctl.toml"
+    cfg.write_text(f'port = {mosquitto.port}\nrack = "{valvey.rack}"\n'  # type: ignore[attr-defined]
+                   'username = "alice"\n')
+    # The real console entry point once; the rest in this process.
+    ok = rackctl_process("cmd", "valvey", "set_setpoint", "--arg", "setpoint_c=41", "--json",
+                         "--username", "alice", "--request-id", "cli-1", *f)
+    runs = (
+        rackctl("cmd", "valvey", "set_setpoint", "-a", "setpoint_c=99", "--json",
+                "--username", "alice", *f),
+        rackctl("cmd", "valvey", "set_setpoint", "--args", '{"setpoint_c": 40}', "--json",
+                "--username", "viewer", *f),
+        rackctl("cmd", "valvey", "nope", "--json", "--username", "alice", *f),
+        rackctl("cmd", "valvey", "get_state", "--username", "alice", "--protocol", "3.1.1",
+                *f),
+        rackctl("cmd", "valvey", "get_state", "--json", env={
+            "RACKCTL_PORT": str(mosquitto.port), "RACKCTL_RACK": valvey.rack,  # type: ignore[attr-defined]
+            "RACKCTL_USERNAME": "viewer"}),
+        rackctl("cmd", "valvey", "get_state", "--json", "--config", str(cfg)),
+        rackctl("cmd", "valvey", "get_state", "--json", "--timeout", "1", "--port",
+                str(mosquitto.port), "--rack", "nobody-here"),
+    )
+    out_of_range, forbidden, unknown, human311, from_env, from_file, no_reply = runs
+    assert ok.code == 0, ok
+    assert ok.json()["ok"] is True and ok.json()["state"]["setpoint_c"] == 41.0
+    assert ok.json()["request_id"] == "cli-1"
+    assert out_of_range.code == 1 and out_of_range.json()["error"]["code"] == "out_of_range"
+    assert forbidden.code == 1 and forbidden.json()["error"]["code"] == "forbidden"
+    assert unknown.code == 1 and unknown.json()["error"]["code"] == "unknown_verb"
+    assert human311.code == 0 and "valvey get_state: ok" in human311.out
+    assert "setpoint_c" in human311.out and "41.0" in human311.out
+    assert from_env.code == 0 and from_env.json()["state"]["setpoint_c"] == 41.0
+    assert from_file.code == 0, from_file
+    assert no_reply.code == 3 and "no reply from valvey" in no_reply.err
+    # A script retrying with the same request id gets the first reply, applied once.
+    retry = rackctl("cmd", "valvey", "set_setpoint", "--arg", "setpoint_c=41", "--json",
+                          "--username", "alice", "--request-id", "cli-1", *f)
+    assert retry.code == 0 and retry.json() == ok.json()
+    refused_human = rackctl("cmd", "valvey", "set_setpoint", "-a", "setpoint_c=99",
+                                  "--username", "alice", *f)
+    assert refused_human.code == 1 and "refused (out_of_range)" in refused_human.out
+
+
+def test_watch_shows_status_state_and_alarms(mosquitto: Mosquitto, valvey: Proc) -> None:
+    wait_online(mosquitto, valvey)
+    f = flags(mosquitto, valvey)
+    as_json = rackctl("watch", "valvey", "--json", "--duration", "2.2", *f)
+    human = rackctl("watch", "valvey", "--duration", "0.5", *f)
+    assert as_json.code == 0, as_json.err
+    lines = [json.loads(line) for line in as_json.out.splitlines()]
+    kinds = {(x["kind"], x["name"]) for x in lines}
+    assert {("status", None), ("state", "supply_loop"), ("state", "health")} <= kinds
+    status = [x for x in lines if x["kind"] == "status"]
+    assert status[0]["retained"] is True
+    assert StatusPayload.model_validate(status[0]["payload"]).status == "online"
+    alarms = [x for x in lines if x["kind"] == "alarm" and x["payload"]]
+    assert alarms  # no CDU: the fail-safe alarms are up
+    for a in alarms:
+        AlarmPayload.model_validate(a["payload"])
+    assert sum(1 for x in lines if x["name"] == "health") >= 2  # live, not only retained
+    for x in lines:  # DESIGN §1: the state shows each output's lease holder
+        if (x["kind"], x["name"]) == ("state", "leases"):
+            LeasesState.model_validate(x["payload"])
+    assert ("state", "leases") in kinds
+    assert human.code == 0 and "valvey: online" in human.out and "alarms (" in human.out

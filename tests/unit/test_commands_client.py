@@ -1,0 +1,168 @@
+"""rackctl's command client without a broker: where its settings come from (flags >
+RACKCTL_* environment > file > defaults; secrets only from the environment), how ``--arg`` /
+``--args`` become the args object, and the exit codes a script sees for usage and settings
+errors (2) and for no broker (3). The broker paths: tests/integration/test_cli.py."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from typer.testing import CliRunner
+
+from rackctl.cli import app
+from rackctl.client import ClientSettings, load_client_settings, parse_args, watch_filters
+from rackplane.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """The CLI configures process-wide logging onto the runner's (then closed) streams."""
+    saved, root = structlog.get_config(), logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers[:], root.level = handlers, level
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_settings_precedence_flags_env_file_defaults(tmp_path: Path) -> None:
+    cfg = tmp_path / "rackctl.toml"
+    cfg.write_text('host = "broker.lab"\nport = 8883\nsite = "s1"\nrack = "r7"\n'
+                   'ca_file = "certs/ca.crt"\nusername = "alice"\n')
+    env = {"RACKCTL_PORT": "9883", "RACKCTL_RACK": "r8", "HOME": str(tmp_path)}
+    s = load_client_settings({"rack": "r9", "host": None}, config=cfg, environ=env)
+    assert (s.host, s.port, s.site, s.rack) == ("broker.lab", 9883, "s1", "r9")
+    assert s.ca_file == tmp_path / "certs" / "ca.crt"  # relative to the file
+    assert s.topic_user == "alice"
+    m = s.mqtt({"RACKCTL_PASSWORD": "x"})
+    assert m.tls is not None and m.clean_session and m.password_env == "RACKCTL_PASSWORD"
+    assert m.client_id and m.client_id.startswith("rackctl-alice-")
+    assert s.mqtt({}).password_env is None  # no password variable: no password
+    assert s.mqtt({}).client_id != m.client_id  # two runs never share a client id
+    # The file named by RACKCTL_CONFIG, else ~/.config/rackctl/config.toml if present.
+    assert load_client_settings(environ={**env, "RACKCTL_CONFIG": str(cfg)}).site == "s1"
+    (tmp_path / ".config" / "rackctl").mkdir(parents=True)
+    (tmp_path / ".config" / "rackctl" / "config.toml").write_text('site = "home"\n')
+    assert load_client_settings(environ={"HOME": str(tmp_path)}).site == "home"
+    assert load_client_settings(environ={"HOME": str(tmp_path / "none")}) == ClientSettings()
+
+
+@pytest.mark.parametrize(("text", "env", "flags", "match"), [
+    ('password = "x"\n', {}, {}, "secrets never go in files"),
+    ('port = "many"\n', {}, {}, "port"),
+    ("", {"RACKCTL_PROTOCOL": "4"}, {}, "protocol"),
+    ("", {}, {"user": "a/b"}, "user"),
+    ("", {}, {"cert_file": "c.pem"}, "cert_file and key_file go together"),
+    ('unknown_key = 1\n', {}, {}, "unknown_key"),
+])
+def test_bad_settings_name_the_key(tmp_path: Path, text: str, env: dict[str, str],
+                                   flags: dict[str, Any], match: str) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_client_settings(flags, config=cfg, environ=env)
+
+
+def test_parse_args_json_values_and_plain_strings() -> None:
+    assert parse_args(["setpoint_c=40", "mode=manual", "output_pct=12.5", "force=true",
+                       "ids=[1,2]", "name=\"40\"", "empty="], '{"a": 1, "mode": "auto"}') == {
+        "a": 1, "mode": "manual", "setpoint_c": 40, "output_pct": 12.5, "force": True,
+        "ids": [1, 2], "name": "40", "empty": ""}
+    for pairs, args_json in ((["novalue"], None), (["=1"], None), ([], "[1]"), ([], "{bad")):
+        with pytest.raises(ValueError):
+            parse_args(pairs, args_json)
+
+
+def test_watch_filters() -> None:
+    topics = ClientSettings(site="lab", rack="r1").topics("valvey")
+    assert watch_filters(topics) == ["rackplane/lab/r1/valvey/status",
+                                     "rackplane/lab/r1/valvey/state/+",
+                                     "rackplane/lab/r1/valvey/alarm/+"]
+
+
+@pytest.mark.parametrize(("argv", "code", "text"), [
+    (["cmd", "valvey", "get_state", "--arg", "novalue"], 2, "expected key=value"),
+    (["cmd", "valvey", "get_state", "--args", "[1]"], 2, "JSON object"),
+    (["cmd", "valvey", "bad/verb"], 2, "invalid daemon or verb"),
+    (["cmd", "va+lvey", "get_state"], 2, "invalid daemon or verb"),
+    (["cmd", "valvey", "get_state", "--port", "0"], 2, "port"),
+    (["cmd", "valvey", "get_state", "--config", "/nonexistent/rackctl.toml"], 2, "not found"),
+    (["cmd", "valvey"], 2, "Missing argument"),
+    (["watch", "valvey", "--protocol", "6"], 2, "protocol"),
+])
+def test_usage_and_settings_errors_exit_2(argv: list[str], code: int, text: str) -> None:
+    result = CliRunner().invoke(app, argv, env={"HOME": "/nonexistent"})
+    assert result.exit_code == code, result.output
+    assert text in result.output
+
+
+@pytest.mark.parametrize("command", ["cmd", "watch"])
+def test_no_broker_exits_3_quickly(command: str) -> None:
+    argv = [command, "valvey"] + (["get_state"] if command == "cmd" else []) + [
+        "--port", str(closed_port()), "--connect-timeout", "0.5"]
+    result = CliRunner().invoke(app, argv, env={"HOME": "/nonexistent"})
+    assert result.exit_code == 3, result.output
+    assert "no connection to the broker" in result.output
+
+
+# --- the thin issue-8 commands: rackctl bench / rackctl scenarios ------------------------------
+
+
+def test_bench_and_scenarios_call_their_modules_lazily(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+    import types
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+    bench = types.ModuleType("rackctl.bench")
+    report = types.ModuleType("rackctl.report")
+
+    def bench_main(**kw: Any) -> int:
+        calls.append(("bench", kw))
+        return 1
+
+    def report_main(**kw: Any) -> int:
+        calls.append(("report", kw))
+        return 0
+
+    bench.main = bench_main  # type: ignore[attr-defined]
+    report.main = report_main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "rackctl.bench", bench)
+    monkeypatch.setitem(sys.modules, "rackctl.report", report)
+    r = CliRunner().invoke(app, ["bench", "--out", str(tmp_path), "--quick"])
+    assert r.exit_code == 1  # the module's verdict is the exit code
+    r = CliRunner().invoke(app, ["scenarios", "--out", str(tmp_path / "s"), "--only", "S1",
+                                 "--only", "S4"])
+    assert r.exit_code == 0
+    r = CliRunner().invoke(app, ["scenarios", "--out", str(tmp_path)])
+    assert r.exit_code == 0
+    assert calls == [
+        ("bench", {"out": tmp_path, "quick": True}),
+        ("report", {"out": tmp_path / "s", "quick": False, "only": ["S1", "S4"]}),
+        ("report", {"out": tmp_path, "quick": False, "only": None}),
+    ]
+
+
+def test_bench_and_scenarios_missing_module_is_a_clear_error_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "rackctl.bench", None)  # import raises ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "rackctl.report", None)
+    for argv in (["bench", "--out", str(tmp_path)], ["scenarios", "--out", str(tmp_path)]):
+        r = CliRunner().invoke(app, argv)
+        assert r.exit_code == 2
+        assert "not installed" in r.stderr

@@ -1,0 +1,299 @@
+"""The Grafana dashboards query only what the daemons write, in InfluxQL only (issue 7).
+
+The written schema is derived from the daemons' code, never typed here:
+
+- every ``<writer>.write("<measurement>", <tags>, <fields>)`` call in valvey/ and racky/ is
+  read with `ast`: the fields are the keys of the dict literal passed (or assigned to the
+  name passed, plus ``name["key"] = ...`` assignments), of the dict a called method returns
+  (``audit.fields()``), or of the dict a comprehension iterates (``lk.port_figures()``);
+  tags likewise from the tags argument;
+- ``write_samples`` calls write the register map's points (``<point>`` and
+  ``<point>_quality``): valvey's CDU map split by ``valvey.app.MEASUREMENT_OF_POINT``,
+  racky's power-shelf map as ``power_shelf``;
+- the self-metrics (`rackplane.selfmetrics`) count as written only once a daemon constructs
+  ``SelfMetrics``: their fields are the `SelfMetricsSnapshot` dataclass fields.
+
+Every ``FROM``/field/tag of every dashboard query must be in that set.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rackplane.registers import load_register_map
+from rackplane.selfmetrics import MEASUREMENT as SELF_MEASUREMENT
+from rackplane.selfmetrics import snapshot_fields
+
+ROOT = Path(__file__).resolve().parents[2]
+GRAFANA = ROOT / "config" / "grafana"
+DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
+IDENTITY_TAGS = {"site", "row", "rack"}
+
+
+@dataclass
+class Schema:
+    fields: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    tags: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    unresolved: list[str] = field(default_factory=list)
+
+
+def _sources(pkg: str) -> dict[Path, ast.Module]:
+    return {f: ast.parse(f.read_text(), str(f)) for f in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+ALL_SOURCES = {**_sources("valvey"), **_sources("racky"), **_sources("rackplane")}
+
+
+def _dict_keys(node: ast.AST) -> set[str] | None:
+    if isinstance(node, ast.Dict) and all(
+        isinstance(k, ast.Constant) and isinstance(k.value, str) for k in node.keys
+    ):
+        return {str(k.value) for k in node.keys if isinstance(k, ast.Constant)}
+    return None
+
+
+def _method_returns(name: str) -> set[str] | None:
+    """Keys of the dict literal returned by ``def <name>`` anywhere in the packages."""
+    for tree in ALL_SOURCES.values():
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef) and fn.name == name:
+                for r in ast.walk(fn):
+                    if isinstance(r, ast.Return) and r.value is not None:
+                        keys = _dict_keys(r.value)
+                        if keys is not None:
+                            return keys
+    return None
+
+
+def _name_keys(fn: ast.AST, var: str) -> set[str] | None:
+    """Keys given to dict variable ``var`` in function ``fn`` (literal + subscript stores)."""
+    keys: set[str] | None = None
+    for n in ast.walk(fn):
+        value = None
+        if (isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == var
+                                              for t in n.targets)) or (
+            isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == var
+        ):
+            value = n.value
+        if value is not None:
+            got = _resolve(fn, value)
+            if got is not None:
+                keys = (keys or set()) | got
+        if (isinstance(n, ast.Assign) and len(n.targets) == 1
+                and isinstance(n.targets[0], ast.Subscript)
+                and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == var
+                and isinstance(n.targets[0].slice, ast.Constant)):
+            keys = (keys or set()) | {str(n.targets[0].slice.value)}
+    return keys
+
+
+def _resolve(fn: ast.AST, node: ast.AST) -> set[str] | None:
+    keys = _dict_keys(node)
+    if keys is not None:
+        return keys
+    if isinstance(node, ast.Name):
+        return _name_keys(fn, node.id)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return _method_returns(node.func.attr)
+    if isinstance(node, ast.DictComp) and node.generators:
+        it = node.generators[0].iter  # {k: ... for k, v in figs.items()}
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and \
+                it.func.attr == "items":
+            return _resolve(fn, it.func.value)
+    return None
+
+
+def _functions(tree: ast.Module) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    for n in ast.walk(tree):
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield n
+
+
+def _point_measurements(daemon: str) -> dict[str, set[str]]:
+    """What ``write_samples`` writes: register-map points (+ ``_quality``) per measurement."""
+    out: dict[str, set[str]] = defaultdict(set)
+    if daemon == "valvey":
+        from valvey.app import MEASUREMENT_OF_POINT
+        from valvey.config import ValveyConfig
+
+        for p in load_register_map(ValveyConfig().cdu.register_map).points:
+            out[MEASUREMENT_OF_POINT.get(p.name, "cdu")] |= {p.name, f"{p.name}_quality"}
+    else:
+        from racky.config import RackyConfig
+
+        for p in load_register_map(RackyConfig().discovery.register_map).points:
+            out["power_shelf"] |= {p.name, f"{p.name}_quality"}
+    return out
+
+
+def written_schema() -> Schema:
+    s = Schema()
+    for daemon in ("valvey", "racky"):
+        uses_selfmetrics = False
+        for path, tree in _sources(daemon).items():
+            for fn in _functions(tree):
+                for call in ast.walk(fn):
+                    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+                        continue
+                    if isinstance(call.func, ast.Attribute) and call.func.attr == "SelfMetrics":
+                        uses_selfmetrics = True
+                    where = f"{path.relative_to(ROOT)}:{call.lineno}"
+                    if call.func.attr == "write" and len(call.args) >= 3 and isinstance(
+                        call.args[0], ast.Constant
+                    ) and isinstance(call.args[0].value, str):
+                        m = call.args[0].value
+                        fields, tags = _resolve(fn, call.args[2]), _resolve(fn, call.args[1])
+                        if fields is None or tags is None:
+                            s.unresolved.append(f"{where} write({m!r})")
+                        s.fields[m] |= fields or set()
+                        s.tags[m] |= tags or set()
+                    elif call.func.attr == "write_samples" and len(call.args) >= 2:
+                        tags = _resolve(fn, call.args[1])
+                        for m, pts in _point_measurements(daemon).items():
+                            s.fields[m] |= pts
+                            s.tags[m] |= tags or set()
+                        if tags is None:
+                            s.unresolved.append(f"{where} write_samples tags")
+                if any(isinstance(n, ast.Name) and n.id == "SelfMetrics" for n in ast.walk(fn)):
+                    uses_selfmetrics = True
+        if uses_selfmetrics:
+            s.fields[SELF_MEASUREMENT] |= set(snapshot_fields())
+            s.tags[SELF_MEASUREMENT] |= {"daemon"}
+    return s
+
+
+SCHEMA = written_schema()
+
+_FROM_RE = re.compile(r'\bFROM\s+"([^"]+)"', re.IGNORECASE)
+_SELECT_RE = re.compile(r"^\s*SELECT\s+(.*?)\s+FROM\s", re.IGNORECASE | re.DOTALL)
+_WHERE_RE = re.compile(r"\bWHERE\s+(.*?)(?:\s+GROUP\s+BY\s+(.*?))?(?:\s+fill\(.*\))?\s*$",
+                       re.IGNORECASE | re.DOTALL)
+_IDENT_RE = re.compile(r'"([^"]+)"')
+_SHOW_RE = re.compile(r'^SHOW TAG VALUES FROM "([^"]+)" WITH KEY = "([^"]+)"$')
+
+
+def _queries(board: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    panels = board["panels"]
+    assert isinstance(panels, list)
+    for p in panels:
+        for t in p.get("targets", []):
+            yield p["title"], t
+
+
+def test_written_schema_is_derived() -> None:
+    """The derivation finds the daemons' main measurements (a broken parser fails here)."""
+    for m in ("pid", "coolant_loop", "pump", "valve", "alarm", "command", "rack", "node",
+              "link", "power_shelf"):
+        assert SCHEMA.fields[m], f"no fields derived for {m}"
+    assert "ok" in SCHEMA.fields["command"]  # through audit.fields()
+    assert "cusum" in SCHEMA.fields["link"]  # through lk.port_figures()
+    assert "dew_point_c" in SCHEMA.fields["environment"]  # through room["dew_point_c"]
+
+
+def dashboard_problems(board: dict[str, Any]) -> tuple[list[str], int]:
+    """Queries of ``board`` that name a measurement, field or tag nobody writes; and the
+    number of queries checked. Asserts InfluxQL (raw SELECT, no Flux)."""
+    problems: list[str] = []
+    n = 0
+    for title, t in _queries(board):
+        assert t.get("rawQuery") is True, f"{title}: not a raw InfluxQL query"
+        query = t["query"]
+        assert query.lstrip().upper().startswith("SELECT"), f"{title}: {query}"
+        assert "|>" not in query and "from(bucket" not in query, f"{title}: Flux"
+        n += 1
+        froms = _FROM_RE.findall(query)
+        assert len(froms) == 1, f"{title}: one measurement per query: {query}"
+        m = froms[0]
+        sel = _SELECT_RE.match(query)
+        assert sel is not None
+        # 'mean("x") AS "x"': the aliases repeat the field names.
+        fields = set(_IDENT_RE.findall(sel.group(1)))
+        wg = _WHERE_RE.search(query)
+        tags: set[str] = set()
+        if wg:
+            tags |= set(re.findall(r'"([^"]+)"\s*(?:=~|!~|=|!=|<>)', wg.group(1)))
+            if wg.group(2):
+                tags |= set(_IDENT_RE.findall(wg.group(2)))
+        if m == SELF_MEASUREMENT and m not in SCHEMA.fields:
+            continue  # checked by test_self_metrics_panels_wait_for_wiring
+        if m not in SCHEMA.fields:
+            problems.append(f"{title}: measurement {m!r} is never written")
+            continue
+        for f in sorted(fields - SCHEMA.fields[m]):
+            problems.append(f"{title}: {m}.{f} is never written")
+        for tg in sorted(tags - SCHEMA.tags[m] - IDENTITY_TAGS):
+            problems.append(f"{title}: tag {m}.{tg} is never written")
+    templating = board["templating"]
+    assert isinstance(templating, dict)
+    for var in templating["list"]:
+        mm = _SHOW_RE.match(var["query"])
+        assert mm is not None, var["query"]
+        if mm.group(1) not in SCHEMA.fields:
+            problems.append(f"variable {var['name']}: measurement {mm.group(1)!r} not written")
+        if mm.group(2) not in SCHEMA.tags[mm.group(1)] | IDENTITY_TAGS:
+            problems.append(f"variable {var['name']}: tag {mm.group(2)!r} not written")
+    return problems, n
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
+def test_dashboard_queries_only_written_series(path: Path) -> None:
+    problems, n = dashboard_problems(json.loads(path.read_text()))
+    assert n >= 10
+    hint = f"\nwrites the derivation could not read: {SCHEMA.unresolved}" if problems else ""
+    assert not problems, "\n".join(problems) + hint
+
+
+def test_self_metrics_panels_wait_for_wiring() -> None:
+    """Panels on measurement ``daemon`` show data once the daemons construct SelfMetrics;
+    until then they query only SelfMetricsSnapshot fields (the schema they will write)."""
+    for path in DASHBOARDS:
+        for title, t in _queries(json.loads(path.read_text())):
+            if f'FROM "{SELF_MEASUREMENT}"' in t["query"]:
+                sel = _SELECT_RE.match(t["query"])
+                assert sel is not None
+                assert set(_IDENT_RE.findall(sel.group(1))) <= set(snapshot_fields()), title
+
+
+def test_check_can_fail() -> None:
+    """A field, measurement or tag nobody writes is caught (the comparison is live)."""
+    board = json.loads((GRAFANA / "dashboards" / "valvey.json").read_text())
+    (target,) = board["panels"][1]["targets"][:1]
+    good_query = target["query"]
+    for bad in (
+        good_query.replace('"process_variable_c"', '"no_such_field_c"'),
+        good_query.replace('FROM "pid"', 'FROM "no_such_measurement"'),
+        good_query.replace("\"loop\" = 'supply_temp'", "\"no_such_tag\" = 'x'"),
+    ):
+        assert bad != good_query
+        board["panels"][1]["targets"] = [{**target, "query": bad}]
+        problems, _ = dashboard_problems(board)
+        assert problems, bad
+
+
+def test_dashboards_are_generated() -> None:
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "grafana_dashboards.py")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_provisioning_uses_influxql_and_the_dashboards_datasource() -> None:
+    yaml = pytest.importorskip("yaml")
+    ds = yaml.safe_load((GRAFANA / "provisioning/datasources/rackplane-influxdb.yaml").read_text())
+    (src,) = ds["datasources"]
+    assert src["type"] == "influxdb" and src["jsonData"]["version"] == "InfluxQL"
+    prov = yaml.safe_load((GRAFANA / "provisioning/dashboards/rackplane.yaml").read_text())
+    assert prov["providers"][0]["type"] == "file"
+    for path in DASHBOARDS:
+        for _title, t in _queries(json.loads(path.read_text())):
+            assert t["datasource"]["uid"] == src["uid"]

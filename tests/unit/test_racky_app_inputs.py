@@ -1,0 +1,172 @@
+"""racky's MQTT input handlers (`racky.app.Racky`), fed `rackplane.mqtt.Message` objects the
+way the broker link hands them over (no broker needed: the retained flag and the receive time
+are what matter). A dead publisher's retained value is never taken as fresh; a retained or
+duplicated tray message does not move the tray's reading."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rackplane.clock import FakeClock
+from rackplane.mqtt import Message
+from rackplane.settings import Identity
+from racky.app import Racky
+from racky.config import RackyConfig
+from sims.scenario import FabricSpec, ScenarioRun, load_scenario
+
+WALL0 = 1_800_000_000 * 10**9
+
+
+@pytest.fixture
+def racky(tmp_path: Path) -> Racky:
+    cfg = RackyConfig.model_validate({
+        "lifecycle": {"state_file": str(tmp_path / "racky-state.json")},
+        "spool": {"directory": str(tmp_path / "spool")},
+        "cooling": {"plant_topic": "rackplane/lab/rack01/sim/telemetry/plant"},
+    })
+    return Racky(cfg, clock=FakeClock(start_mono=1000.0, start_wall_ns=WALL0))
+
+
+def _msg(topic: str, body: dict[str, Any], *, retain: bool, t: float) -> Message:
+    return Message(topic, json.dumps(body).encode(), qos=1, retain=retain, received_mono=t)
+
+
+def test_a_retained_cooling_state_counts_with_its_age_never_as_fresh(racky: Racky) -> None:
+    stale = racky.cfg.power.derate.stale_after_s
+    st = {"supply_temp_c": 45.2, "setpoint_c": 45.0, "flow_lpm": 900.0,
+          "facility_supply_temp_c": 40.0}
+    # valvey died an hour ago; its last state is still retained
+    racky._on_cooling(_msg(racky.cooling_topic, {**st, "ts_ns": WALL0 - 3600 * 10**9},
+                           retain=True, t=1000.0))
+    c = racky.cooling_reading()
+    assert c is not None and c.facility_supply_temp_c == 40.0
+    assert 1000.0 - c.t_mono >= 3600.0 - 1e-6
+    # retained without a timestamp: stale at once
+    racky._on_cooling(_msg(racky.cooling_topic, st, retain=True, t=1000.0))
+    c = racky.cooling_reading()
+    assert c is not None and 1000.0 - c.t_mono > stale
+    # a live message is fresh
+    racky._on_cooling(_msg(racky.cooling_topic, {**st, "ts_ns": WALL0}, retain=False, t=1000.0))
+    c = racky.cooling_reading()
+    assert c is not None and c.t_mono == 1000.0
+
+
+def test_plant_values_filling_in_for_valvey_keep_their_own_age(racky: Racky) -> None:
+    topic = racky.cfg.cooling.plant_topic
+    assert topic is not None
+    racky._on_plant(_msg(topic, {"flow_lpm": 850.0, "facility_supply_temp_c": 41.0},
+                         retain=False, t=900.0))  # the plant topic went quiet at 900 s
+    racky._on_cooling(_msg(racky.cooling_topic, {"supply_temp_c": 45.1, "setpoint_c": 45.0},
+                           retain=False, t=1000.0))
+    c = racky.cooling_reading()
+    assert c is not None and c.facility_supply_temp_c == 41.0 and c.t_mono == 900.0
+
+
+def test_garbage_cooling_payloads_are_refused_and_the_reading_ages(racky: Racky) -> None:
+    racky._on_cooling(_msg(racky.cooling_topic, {"supply_temp_c": 45.0}, retain=False, t=10.0))
+    for raw in (b"\xff\xfe", b"[1, 2]", b"[" * 50_000):
+        racky._on_cooling(Message(racky.cooling_topic, raw, received_mono=20.0))
+    c = racky.cooling_reading()
+    assert c is not None and c.t_mono == 10.0 and c.supply_temp_c == 45.0
+    assert racky._payload_problem.get("cooling_state")
+
+
+def test_retained_and_duplicated_tray_telemetry_does_not_refresh_the_tray(racky: Racky) -> None:
+    from sims.telemetry import tray_payloads
+
+    sc = load_scenario("load-step-short").model_copy(
+        update={"fabric": FabricSpec(enabled="off")})
+    run = ScenarioRun(sc, model="rack")
+    run.step(1.0)
+    assert run.rack is not None
+    topic, p = next(iter(tray_payloads(run.rack, Identity(), WALL0)))
+    thing = topic.rsplit("/", 1)[-1]
+    t_topic = f"{racky.agent_base}/telemetry/{thing}"
+    racky._on_agent_telemetry(_msg(t_topic, p, retain=False, t=100.0))
+    k = p["tray"]
+    assert racky.ingest.trays[k].t_mono == 100.0
+    racky._on_agent_telemetry(_msg(t_topic, p, retain=False, t=101.0))  # duplicate
+    racky._on_agent_telemetry(_msg(t_topic, p, retain=True, t=102.0))   # retained copy
+    assert racky.ingest.trays[k].t_mono == 100.0
+    assert racky.health()["agents"]["stale_messages"] == 2
+    newer = copy.deepcopy(p)
+    newer["ts_ns"] += 10**9
+    racky._on_agent_telemetry(_msg(t_topic, newer, retain=False, t=103.0))
+    assert racky.ingest.trays[k].t_mono == 103.0
+
+
+def test_a_tray_message_on_another_trays_topic_is_refused(racky: Racky) -> None:
+    from sims.telemetry import tray_payloads
+
+    sc = load_scenario("load-step-short").model_copy(
+        update={"fabric": FabricSpec(enabled="off")})
+    run = ScenarioRun(sc, model="rack")
+    run.step(1.0)
+    assert run.rack is not None
+    _, p = next(iter(tray_payloads(run.rack, Identity(), WALL0)))
+    assert p["tray"] == 0
+    # a misconfigured agent of tray 0 publishing on tray07's topic, and a topic with no index
+    for thing in ("tray07", "trayX"):
+        racky._on_agent_telemetry(_msg(f"{racky.agent_base}/telemetry/{thing}", p,
+                                       retain=False, t=50.0))
+    assert racky.ingest.trays == {} and racky.ingest.errors == 1
+    assert set(racky._payload_problem) == {"tray07", "trayX"}
+
+
+def test_an_agent_reply_with_ok_as_a_string_is_not_success(racky: Racky) -> None:
+    racky._pending["r1"] = ((3,), 0.0)
+    racky._on_agent_reply(_msg(f"{racky.agent_base}/cmd/racky/set_power_limits/result",
+                               {"request_id": "r1", "ok": "false", "error": None},
+                               retain=False, t=1.0))
+    assert racky.agent_stats["refused"] == 1 and racky.agent_stats["ok"] == 0
+
+
+def test_a_silent_tray_is_alarmed_and_never_counted_as_zero_watts() -> None:
+    """Tray 5's agent goes silent: its reading ages, ``tray_stale.tray05`` is raised, and the
+    rack's IT power (no shelves here) becomes unknown instead of the sum of the other 17."""
+    from racky.core import RackyCore, RackyInputs
+    from racky.lifecycle import Lifecycle, PersistedState
+    from racky.telemetry import TelemetryIngest
+    from sims.telemetry import tray_payloads
+
+    cfg = RackyConfig()
+    a = cfg.node_agents
+    ing = TelemetryIngest(a.trays, a.gpus_per_tray, tuple(cfg.links.counters))
+    core = RackyCore(cfg, 0.0, PersistedState(Lifecycle("production")))
+    sc = load_scenario("load-step-short").model_copy(
+        update={"fabric": FabricSpec(enabled="off")})
+    run = ScenarioRun(sc, model="rack")
+    raised: dict[str, float] = {}
+    it_w: list[float | None] = []
+    for s in range(1, 61):
+        run.step(1.0)
+        assert run.rack is not None
+        for _, p in tray_payloads(run.rack, Identity(), WALL0 + s * 10**9):
+            if not (p["tray"] == 5 and s > 10):
+                ing.tray_payload(p, float(s))
+        out = core.step(float(s), RackyInputs({}, dict(ing.trays), None, None), s)
+        for ev in out.alarm_events:
+            if ev.kind == "raised":
+                raised.setdefault(ev.id, float(s))
+        it_w.append(out.it_power_w)
+    assert "tray_stale.tray05" in raised, raised
+    assert 10.0 + a.stale_after_s <= raised["tray_stale.tray05"] <= 40.0
+    assert all(x is not None for x in it_w[:10])
+    assert all(x is None for x in it_w[int(10 + a.stale_after_s) + 1:])
+
+
+def test_an_oversized_payload_is_refused_before_parsing(racky: Racky) -> None:
+    from racky.app import MAX_INPUT_PAYLOAD_BYTES
+
+    big = b'{"tray": 0, "pad": "' + b"x" * MAX_INPUT_PAYLOAD_BYTES + b'"}'
+    racky._on_agent_telemetry(Message(f"{racky.agent_base}/telemetry/tray00", big,
+                                      received_mono=5.0))
+    assert racky.ingest.trays == {} and "more than" in racky._payload_problem["tray00"]
+    racky._on_cooling(Message(racky.cooling_topic, big, received_mono=5.0))
+    assert racky.cooling_reading() is None
+    assert "more than" in racky._payload_problem["cooling_state"]

@@ -1,0 +1,250 @@
+"""racky.power: the cap allocator (priority classes, headroom redistribution, ramp limits),
+sequencing within the inrush limit, reconciliation with the drift alarm, the blast radius, the
+rack limit and the agents' smoothing settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rackplane.samples import Quality, Sample
+from racky.config import (
+    BlastRadiusSettings,
+    NodeAgentsSettings,
+    PowerSettings,
+    SequencingSettings,
+    ShelfPoints,
+)
+from racky.power import (
+    BlastRadius,
+    CapAllocator,
+    DesiredTray,
+    Reconciler,
+    RequestedCap,
+    Sequencer,
+    TrayPowerView,
+    diff_commands,
+    rack_limit,
+    read_shelves,
+    smoothing,
+)
+from racky.telemetry import AgentReading, TrayReading
+
+AG = NodeAgentsSettings(trays=4)
+
+
+def view(demand: list[float], rank: list[int] | None = None) -> TrayPowerView:
+    n = len(demand)
+    d = np.asarray(demand, dtype=float)
+    return TrayPowerView(powered=np.ones(n, dtype=bool), power_w=d.copy(), demand_w=d,
+                         enforced_w=np.full(n, np.nan), fresh=np.ones(n, dtype=bool),
+                         rank=np.asarray(rank or [2] * n))
+
+
+def settle(alloc: CapAllocator, limit: float, v: TrayPowerView, ticks: int = 60) -> np.ndarray:
+    """Allocate for ``ticks`` ticks with agents that obey (enforced = the caps sent)."""
+    caps = alloc.allocate(limit, 0.0, v, None, 1.0)
+    for _ in range(ticks):
+        v.enforced_w[:] = caps
+        caps = alloc.allocate(limit, 0.0, v, float(np.nansum(np.minimum(caps, v.demand_w))),
+                              1.0)
+    return caps
+
+
+def test_caps_sum_within_the_budget_less_its_margin_and_no_caps_when_it_cannot_bind() -> None:
+    cfg = PowerSettings(budget_margin_pct=1.0, cap_ramp_down_w_per_s=1e6)
+    alloc = CapAllocator(cfg, AG)
+    mx = alloc.tray_max_w
+    assert np.isnan(alloc.allocate(4 * mx + 1000.0, 0.0, view([mx] * 4), None, 1.0)).all()
+    caps = settle(alloc, 20_000.0, view([mx] * 4))
+    assert caps.sum() <= 20_000.0 * 0.99 + 1.0
+    assert caps.sum() >= 20_000.0 * 0.99 - 4 * cfg.cap_deadband_w
+    assert np.ptp(caps) <= 1.0  # equal demand, equal class: equal caps
+
+
+def test_priority_classes_high_class_served_first_low_class_capped_hardest() -> None:
+    cfg = PowerSettings(cap_ramp_down_w_per_s=1e6, tray_classes={"0": "high", "3": "low"})
+    alloc = CapAllocator(cfg, AG)
+    mx = alloc.tray_max_w
+    ranks = [cfg.classes[cfg.tray_classes.get(str(k), cfg.default_class)] for k in range(4)]
+    caps = settle(alloc, 18_000.0, view([mx] * 4, ranks))
+    assert caps[0] == pytest.approx(mx, abs=1.0)  # high: its full demand (+ headroom, ≤ max)
+    assert caps[3] == pytest.approx(alloc.tray_min_w, abs=1.0)  # low: only its minimum left
+    assert caps[1] == pytest.approx(caps[2], abs=1.0) and caps[3] < caps[1] < caps[0]
+
+
+def test_headroom_of_a_light_tray_is_redistributed_to_the_busy_ones() -> None:
+    cfg = PowerSettings(cap_ramp_down_w_per_s=1e6, headroom_pct=10.0)
+    alloc = CapAllocator(cfg, AG)
+    mx = alloc.tray_max_w
+    light = 1500.0
+    caps = settle(alloc, 20_000.0, view([light, mx, mx, mx]))
+    assert caps[0] == pytest.approx(light * 1.1, abs=30.0)  # demand + headroom, no more
+    busy = (20_000.0 * 0.99 - caps[0]) / 3
+    np.testing.assert_allclose(caps[1:], busy, atol=30.0)  # the light tray's share went here
+    assert caps[1:].min() > 20_000.0 * 0.99 / 4
+
+
+def test_cap_rise_is_ramp_limited_and_a_fall_is_immediate_when_over_the_limit() -> None:
+    cfg = PowerSettings(cap_ramp_up_w_per_s=500.0, cap_ramp_down_w_per_s=1e6)
+    alloc = CapAllocator(cfg, AG)
+    mx = alloc.tray_max_w
+    v = view([mx] * 4)
+    low = settle(alloc, 12_000.0, v)
+    v.enforced_w[:] = low
+    up = alloc.allocate(24_000.0, 0.0, v, float(low.sum()), 1.0)
+    assert (up - low).max() <= 500.0 + 1.0
+    assert (up > low).all()
+    down = alloc.allocate(10_000.0, 0.0, v, 11_000.0, 1.0)  # over the limit: at once
+    assert down.sum() <= 10_000.0 * 0.99 + 1.0
+
+
+def test_budget_below_the_trays_minimum_is_infeasible() -> None:
+    alloc = CapAllocator(PowerSettings(), AG)
+    alloc.allocate(2 * alloc.tray_min_w, 0.0, view([5000.0] * 4), None, 1.0)
+    assert alloc.infeasible
+
+
+def test_sequencer_staggers_switching_within_the_inrush_limit() -> None:
+    seq = Sequencer(SequencingSettings(inrush_limit_w=21_000.0, tray_inrush_w=7_000.0,
+                                       stagger_s=2.0), 18)
+    seq.request(list(range(8)), True)
+    got: list[tuple[float, int]] = []
+    t = 0.0
+    while seq.pending and t < 100:
+        got += [(t, k) for k, _ in seq.step(t)]
+        t += 1.0
+    assert [k for _, k in got] == list(range(8))
+    for t0 in {t for t, _ in got}:  # never more than 3 trays (21 kW) within 2 s
+        assert sum(1 for t, _ in got if t0 <= t < t0 + 2.0) <= 3
+
+
+def _reading(cap: float | None, t: float) -> TrayReading:
+    nan = float("nan")
+    agent = AgentReading(
+        enforced_gpu_cap_w=nan, enforced_tray_cap_w=cap if cap is not None else nan,
+        floor_w=0.0, power_cap_w=cap, gpu_power_cap_w=None, power_floor_pct=0.0,
+        ramp_up_w_per_s=None, ramp_down_w_per_s=None, ramp_down_hysteresis_s=0.0,
+        capping=False, flooring=False, ramp_limited=False)
+    g = np.zeros(4)
+    return TrayReading(
+        tray=0, t_mono=t, powered=True, power_w=4000.0, coolant_out_temp_c=50.0, leak=False,
+        leak_sensor_fault=False, agent=agent, gpu_index=np.arange(4), gpu_power_w=g,
+        gpu_demand_w=g, gpu_temp_c=g, gpu_t_limit_c=g, gpu_throttled=np.zeros(4, dtype=bool),
+        gpu_shut_down=np.zeros(4, dtype=bool), gpu_traffic=g, gpu_uptime_s=g,
+        gpu_boot_id=np.zeros(4, dtype=np.uint64))
+
+
+def test_reconciler_reasserts_a_drifted_cap_and_alarms_naming_the_tray() -> None:
+    cfg = PowerSettings(reconcile_confirm_s=3.0, drift_alarm_s=15.0)
+    rec = Reconciler(cfg, 1)
+    want = [DesiredTray(power_cap_w=5000.0)]
+    rec.note_sent([0], 0.0)
+    resends: list[float] = []
+    drift_at = None
+    for i in range(1, 30):
+        t = float(i)
+        resend, drift = rec.step(t, want, {0: _reading(6000.0, t)}, np.ones(1, dtype=bool))
+        if resend:
+            resends.append(t)
+            rec.note_reasserted(resend, t)  # as the core does: the drift keeps its age
+        if drift and drift_at is None:
+            drift_at = t
+            assert "tray cap" in drift[0] and "5000" in drift[0] and "6000" in drift[0]
+    assert resends[:2] == [4.0, 7.0]  # mismatch first seen at 1 s, 3 s to confirm, then again
+    assert drift_at == 16.0
+    rec2 = Reconciler(cfg, 1)
+    assert rec2.step(1.0, want, {0: _reading(5010.0, 1.0)}, np.ones(1, dtype=bool)) == ([], {})
+
+
+def test_blast_radius_bounds_actions_per_window() -> None:
+    br = BlastRadius(BlastRadiusSettings(max_actions=3, window_s=600.0))
+    assert br.allow(0.0, 2) and br.allow(10.0)
+    assert not br.allow(20.0)
+    assert br.refused == 1
+    assert br.allow(601.0)
+
+
+def test_rack_limit_takes_the_lowest_part_and_names_it() -> None:
+    req = {"valvey": RequestedCap("valvey", 90_000.0, 100.0, "overheat")}
+    lim = rack_limit(120_000.0, 126_000.0, None, req)
+    assert (lim.limit_w, lim.source) == (90_000.0, "requested:valvey")
+    assert rack_limit(None, None, None, {}).limit_w is None
+
+
+def test_grid_ramp_is_split_over_every_gpu_of_the_rack() -> None:
+    ag = NodeAgentsSettings()
+    s = smoothing(PowerSettings(rack_ramp_w_per_s=20_000.0), ag, ag.other_share)
+    assert s.ramp_up_w_per_s is not None
+    rack_dc = s.ramp_up_w_per_s * ag.trays * ag.gpus_per_tray * (1 + ag.other_share)
+    assert rack_dc == pytest.approx(20_000.0 * 0.975, rel=1e-3)
+
+
+def test_diff_commands_groups_trays_with_the_same_change() -> None:
+    old = [DesiredTray(power_cap_w=5000.0)] * 3
+    new = [DesiredTray(power_cap_w=4000.0), DesiredTray(power_cap_w=4000.0),
+           DesiredTray(power_cap_w=5000.0)]
+    cmds = diff_commands(old, new, "budget")
+    assert len(cmds) == 1 and cmds[0].trays == (0, 1) and cmds[0].args == {"power_cap_w": 4000.0}
+    assert len(diff_commands([None] * 3, new, "start")) == 2
+
+
+def _shelf(pts: ShelfPoints, t: float, output_w: float | None, **extra: float) -> dict[str, Sample]:
+    vals = {pts.output_power: output_w, pts.input_power: None, **extra}
+    return {p: Sample(p, v, "W", 0, t, Quality.GOOD if v is not None else Quality.BAD,
+                      None if v is not None else "timeout") for p, v in vals.items()}
+
+
+def test_an_offline_shelf_never_counts_as_zero_watts_in_the_rack_load() -> None:
+    """Two shelves without a rack-load register, one offline (timeout): the other's output is
+    half the rack. Taken as the rack's load it would understate it (the rack looks under its
+    limit, the non-tray estimate falls, caps rise); the load is unknown instead, and the
+    published sum says how many shelves it covers."""
+    pts = ShelfPoints()
+    both = {"shelf1": _shelf(pts, 10.0, 60_000.0), "shelf2": _shelf(pts, 10.0, 61_000.0)}
+    v = read_shelves(both, pts, 10.0, 3.0)
+    assert v.load_w == 121_000.0
+    one = {"shelf1": _shelf(pts, 10.0, 60_000.0), "shelf2": _shelf(pts, 10.0, None)}
+    v = read_shelves(one, pts, 10.0, 3.0)
+    assert v.load_w is None and v.offline == ["shelf2"]
+    assert v.rack_power_w == 60_000.0 and (v.shelves_reporting, v.shelves_configured) == (1, 2)
+    # a stale sample (older than stale_after_s) is offline too
+    old = {"shelf1": _shelf(pts, 10.0, 60_000.0), "shelf2": _shelf(pts, 5.0, 61_000.0)}
+    assert read_shelves(old, pts, 10.0, 3.0).load_w is None
+    # with the rack-load register (any shelf reports the whole rack) the load stays known
+    rl = {"shelf1": _shelf(pts, 10.0, 60_000.0, **{pts.rack_load: 121_500.0}),
+          "shelf2": _shelf(pts, 10.0, None)}
+    assert read_shelves(rl, pts, 10.0, 3.0).load_w == 121_500.0
+
+
+def test_a_derate_table_whose_power_rises_with_the_water_is_refused() -> None:
+    """P_max(T_fws) must fall as the facility water warms: a table typed the wrong way round
+    would raise the cap exactly when the water gets hot."""
+    from pydantic import ValidationError
+
+    from racky.config import DerateSettings
+
+    with pytest.raises(ValidationError, match="must not rise"):
+        DerateSettings(table=[(40.0, 100_000.0), (44.0, 200_000.0)])
+    with pytest.raises(ValidationError, match="finite"):
+        DerateSettings(table=[(40.0, float("inf")), (44.0, 50_000.0)])
+    assert DerateSettings(table=[(40.0, 200_000.0), (44.0, 200_000.0)]).table
+
+
+def test_rack_power_for_valvey_is_unknown_while_a_shelf_is_offline() -> None:
+    """``state/rack_power`` feeds valvey's feedforward: with a shelf offline the partial sum
+    (half the rack) is published as unknown, never as the rack's power."""
+    from racky.config import RackyConfig
+    from racky.core import RackyCore, RackyInputs
+    from racky.lifecycle import Lifecycle, PersistedState
+
+    pts = ShelfPoints()
+    core = RackyCore(RackyConfig(), 0.0, PersistedState(Lifecycle("production")))
+    both = {"shelf1": _shelf(pts, 1.0, 60_000.0), "shelf2": _shelf(pts, 1.0, 61_000.0)}
+    core.step(1.0, RackyInputs(both, {}, None, None), 1)
+    assert core.rack_power_payload(1)["rack_power_w"] == 121_000.0
+    one = {"shelf1": _shelf(pts, 2.0, 60_000.0), "shelf2": _shelf(pts, 2.0, None)}
+    core.step(2.0, RackyInputs(one, {}, None, None), 2)
+    pay = core.rack_power_payload(2)
+    assert pay["rack_power_w"] is None
+    assert (pay["shelves_reporting"], pay["shelves_configured"]) == (1, 2)
