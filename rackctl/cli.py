@@ -50,6 +50,10 @@ def demo(
     """Run valvey against the CDU simulator on embedded defaults, live, then summarise."""
     from rackctl.demo import print_summary, run_demo
 
+    if broker is not None:
+        _host, _, port_s = broker.partition(":")
+        if port_s and not (port_s.isdigit() and 1 <= int(port_s) <= 65535):
+            _fail(f"--broker {broker!r}: expected HOST:PORT with a port 1..65535", EXIT_USAGE)
     configure_logging("warning", "console")
     console = Console()
     try:
@@ -76,23 +80,37 @@ def replay(
     org: Annotated[str, typer.Option()] = "rackplane",
     bucket: Annotated[str, typer.Option()] = "rackplane",
     token_env: Annotated[str | None, typer.Option(help="env var holding the API token")] = None,
+    give_up: Annotated[float, typer.Option(
+        "--give-up", min=1.0, max=3600.0,
+        help="stop after this many seconds without progress (REFERENCE §8: 180)")] = 180.0,
 ) -> None:
-    """Send a spool (the embedded store) to an InfluxDB v2 write API."""
+    """Send a spool (the embedded store) to an InfluxDB v2 write API; exit 1 when it stops
+    early (database unreachable for --give-up seconds, or refused the settings)."""
     from rackplane.tsdb import replay as do_replay
 
     configure_logging("warning", "console")
+    err_console = Console(stderr=True, soft_wrap=True)
     try:
-        settings = TsdbSettings(url=url, org=org, bucket=bucket, token_env=token_env)
+        settings = TsdbSettings(url=url, org=org, bucket=bucket, token_env=token_env,
+                                replay_give_up_s=give_up)
     except ValueError as err:
-        Console(stderr=True).print(f"invalid option: {err}", markup=False)
-        raise typer.Exit(EXIT_CONFIG) from None
+        _fail(f"invalid option: {_one_line(err)}", EXIT_CONFIG)
     console = Console()
+    seen_retries = 0
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("replaying", total=None)
+        task = progress.add_task(f"replaying to {url}", total=None)
 
-        def on_progress(*args: object, **kwargs: object) -> None:
-            done = args[0] if args else kwargs.get("sent", 0)
-            progress.update(task, completed=done if isinstance(done, int | float) else 0)
+        def on_progress(result: Any) -> None:
+            nonlocal seen_retries
+            sent = getattr(result, "sent_lines", 0)
+            left = getattr(result, "remaining_lines", 0)
+            progress.update(task, completed=sent, total=(sent + left) or None)
+            retries = getattr(result, "retries", 0)
+            if retries > seen_retries:
+                seen_retries = retries
+                progress.console.print(
+                    Text(f"{url} not answering: retry {retries} (gives up after {give_up:g} s "
+                         "without progress)"), highlight=False)
 
         try:
             result = asyncio.run(do_replay(spool, settings, progress=on_progress))
@@ -100,7 +118,7 @@ def replay(
             fail_config(err)
             return
         except SpoolError as err:
-            Console(stderr=True).print(f"replay failed: {err}", markup=False)
+            err_console.print(Text(f"replay failed: {err}"), highlight=False)
             raise typer.Exit(EXIT_CONFIG) from None
     fields = result.__dict__ if hasattr(result, "__dict__") else {
         k: getattr(result, k) for k in getattr(result, "__slots__", ())
@@ -111,6 +129,23 @@ def replay(
     for k, v in fields.items():
         table.add_row(k.replace("_", " "), str(v))
     console.print(table)
+    if getattr(result, "error", None):
+        _fail(f"replay stopped early: {result.error} (a later replay resumes)", EXIT_RUNTIME)
+
+
+def _one_line(err: Exception) -> str:
+    """A pydantic ValidationError as one line ``field: message; ...`` (no links), else
+    ``str(err)``."""
+    errors = getattr(err, "errors", None)
+    if callable(errors):
+        try:
+            parts = [f"{'.'.join(str(p) for p in e.get('loc', ())) or '-'}: {e.get('msg', '')}"
+                     for e in errors()]
+        except Exception:  # fall back to the plain text
+            parts = []
+        if parts:
+            return "; ".join(parts)
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 @app.command()
@@ -205,7 +240,9 @@ def scenarios(
     quick: Annotated[bool, typer.Option("--quick", help="fewer seeds, shorter traces")
                      ] = False,
     only: Annotated[list[str] | None, typer.Option(
-        "--only", help="run only this scenario (repeat for several)")] = None,
+        "--only", help="report only this scenario (S1 or load-step), daemon (valvey, racky) "
+        "or figure-name prefix; repeat for several. A daemon's runner that cannot produce a "
+        "requested scenario is skipped; one that runs still runs all its scenarios")] = None,
 ) -> None:
     """Run the standard scenarios and write their report (rackctl/report.py) into OUT; exit
     0 when every figure passes, 1 otherwise, 2 when the report is not available."""
@@ -243,9 +280,14 @@ def _client_settings(config: Path | None, **flags: Any) -> Any:
 
     flags = {k: (str(v) if isinstance(v, Path) else v) for k, v in flags.items()}
     try:
-        return load_client_settings(flags, config=config)
+        settings = load_client_settings(flags, config=config)
     except ConfigError as err:
         _fail(f"settings: {err}", EXIT_USAGE)
+    for name in ("ca_file", "cert_file", "key_file"):
+        path = getattr(settings, name)
+        if path is not None and not Path(path).is_file():
+            _fail(f"settings: {name}: {path}: no such file", EXIT_USAGE)
+    return settings
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -315,12 +357,15 @@ def cmd(
         CommandClient,
         ReplyTimeout,
         parse_args,
+        validate_request_id,
     )
     from rackplane.mqtt import PublishRefused
 
     configure_logging("error", "console")
     try:
         payload = parse_args(arg or [], args)
+        if request_id is not None:
+            validate_request_id(request_id)
     except ValueError as err:
         _fail(str(err), EXIT_USAGE)
     settings = _client_settings(
@@ -330,7 +375,7 @@ def cmd(
     try:
         settings.topics(daemon).cmd(settings.topic_user, verb)
     except ValueError as err:
-        _fail(f"invalid daemon or verb: {err}", EXIT_USAGE)
+        _fail(f"invalid daemon or verb: {_one_line(err)}", EXIT_USAGE)
 
     async def run() -> dict[str, Any]:
         client = CommandClient(settings)
@@ -350,6 +395,8 @@ def cmd(
         _fail(f"MQTT: {err}", EXIT_NO_BROKER)
     except ConfigError as err:
         _fail(f"settings: {err}", EXIT_USAGE)
+    except ValueError as err:  # args not JSON-serialisable, invalid topic level
+        _fail(f"invalid command: {_one_line(err)}", EXIT_USAGE)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     if json_out:
@@ -409,7 +456,7 @@ def watch(
     json_out: Annotated[bool, typer.Option(
         "--json", help="one JSON object per message on stdout (for scripts)")] = False,
     duration: Annotated[float | None, typer.Option(
-        help="stop after this many seconds (default: until Ctrl-C)")] = None,
+        min=0.0, help="stop after this many seconds (default: until Ctrl-C)")] = None,
     config: ConfigOpt = None,
     host: HostOpt = None,
     port: PortOpt = None,
@@ -435,7 +482,7 @@ def watch(
     try:
         topics = settings.topics(daemon)
     except ValueError as err:
-        _fail(f"invalid daemon: {err}", EXIT_USAGE)
+        _fail(f"invalid daemon: {_one_line(err)}", EXIT_USAGE)
     view = _WatchView(daemon)
     base = topics.base + "/"
 

@@ -11,7 +11,8 @@ docs/COMMANDS.md (DESIGN §3):
   ``.../cmd/<user>/<verb>/result/<nonce>`` (one nonce per client), and Correlation Data (the
   request id); on 3.1.1 the reply comes on ``.../cmd/<user>/<verb>/result``. The client
   subscribes ``.../cmd/<user>/+/result/#`` (both cases) before it publishes and matches the
-  reply by ``request_id``.
+  reply by ``request_id``, else (v5) by its Correlation Data: a refusal of an unreadable
+  envelope (``too_large``, ``invalid_envelope``) has ``request_id`` null.
 
 Connection settings (`ClientSettings`) come from, highest first: command-line flags,
 ``RACKCTL_<FIELD>`` environment variables (e.g. ``RACKCTL_HOST``, ``RACKCTL_CA_FILE``), a TOML
@@ -32,7 +33,9 @@ import asyncio
 import contextlib
 import getpass
 import json
+import math
 import os
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -42,6 +45,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
+from rackplane.commands import REQUEST_ID_PATTERN
 from rackplane.config import StrictModel, read_toml, validate_data
 from rackplane.errors import ConfigError
 from rackplane.mqtt import Handler, Message, MqttLink, Topics, encode_json
@@ -57,6 +61,7 @@ __all__ = [
     "default_config_path",
     "load_client_settings",
     "parse_args",
+    "validate_request_id",
     "watch_filters",
 ]
 
@@ -187,10 +192,24 @@ def load_client_settings(
     for name in ClientSettings.model_fields:
         value = env.get(f"{ENV_PREFIX}{name.upper()}")
         if value not in (None, ""):
-            data[name] = value
+            data[name] = _env_value(name, value)
     data.update({k: v for k, v in (flags or {}).items() if v is not None})
     source = "rackctl settings (flags, RACKCTL_* environment" + (f", {path})" if path else ")")
     return validate_data(ClientSettings, data, source)
+
+
+def _env_value(name: str, text: str) -> Any:
+    """An environment string as the field's type (the settings models are type-strict: a
+    string never fills a number); left as text when it does not parse, so validation names
+    the field."""
+    annotation = ClientSettings.model_fields[name].annotation
+    for kind in (int, float):
+        if annotation is kind:
+            try:
+                return kind(text)
+            except ValueError:
+                return text
+    return text
 
 
 def parse_args(pairs: Sequence[str], args_json: str | None = None) -> dict[str, Any]:
@@ -210,16 +229,55 @@ def parse_args(pairs: Sequence[str], args_json: str | None = None) -> dict[str, 
             raise ValueError(f"--args is not valid JSON: {err}") from None
         if not isinstance(obj, dict):
             raise ValueError("--args must be a JSON object, e.g. '{\"setpoint_c\": 40}'")
+        try:
+            _check_finite(obj)
+        except _NonFinite as err:
+            raise ValueError(f"--args: {err}") from None
         out.update(obj)
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--arg {pair!r}: expected key=value")
         try:
-            out[key] = json.loads(raw)
+            value = json.loads(raw)
         except ValueError:
-            out[key] = raw
+            value = raw
+        try:
+            out[key] = _check_finite(value)
+        except _NonFinite as err:
+            raise ValueError(f"--arg {pair!r}: {err}") from None
     return out
+
+
+class _NonFinite(ValueError):
+    """A number JSON cannot carry (NaN, Infinity, or one overflowing a double)."""
+
+
+def _check_finite(value: Any) -> Any:
+    """``value`` unchanged if every number in it is finite (JSON cannot carry NaN or
+    Infinity; ``1e400`` parses as Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _NonFinite(f"{value} is out of range (finite numbers only)")
+    if isinstance(value, dict):
+        for v in value.values():
+            _check_finite(v)
+    elif isinstance(value, list):
+        for v in value:
+            _check_finite(v)
+    return value
+
+
+def validate_request_id(request_id: str) -> str:
+    """Check a ``--request-id`` locally, by the daemon's own envelope rule
+    (`rackplane.commands.REQUEST_ID_PATTERN`: 1 to 64 of ``A-Z a-z 0-9 . _ : -``).
+
+    Raises:
+        ValueError: it breaks that rule (the daemon would refuse it as invalid_envelope).
+    """
+    if re.fullmatch(REQUEST_ID_PATTERN, request_id) is None:
+        raise ValueError(f"--request-id {request_id!r}: use 1 to 64 characters among "
+                         "A-Z a-z 0-9 . _ : - (no spaces)")
+    return request_id
 
 
 def watch_filters(topics: Topics) -> list[str]:
@@ -343,6 +401,11 @@ class CommandClient:
             return
         rid = body.get("request_id")
         fut = self._pending.get(rid) if isinstance(rid, str) else None
+        if fut is None and msg.correlation_data:
+            # v5: a refusal of an unreadable envelope (too_large, invalid_envelope) has
+            # request_id null but still echoes our Correlation Data (the request id).
+            rid = msg.correlation_data.decode("utf-8", "replace")
+            fut = self._pending.get(rid)
         if fut is not None and not fut.done():
             self.arrivals.append(str(rid))
             fut.set_result(body)

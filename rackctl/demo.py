@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,41 @@ class Recorder:
                 self.alarm_log.append((t, alarm_id, "cleared"))
 
 
+FF_SOURCE_NAMES = {
+    "rack_power": "racky's rack power",
+    "heat_removed": "the CDU's heat removed (no racky in the demo)",
+}
+"""How the summary names valvey's feedforward sources (valvey.feedforward.FfSource)."""
+
+EXPECTED_DEMO_ALARMS: dict[str, str] = {}
+"""Alarms the demo's set-up raises by design, with the note the summary prints beside them
+(none: the demo makes the CDU's heat figure valvey's primary feedforward source)."""
+
+
+def control_mode_from_states(loop: Sequence[Mapping[str, Any]]) -> str:
+    """The control mode that actually ran, from valvey's ``state/supply_loop`` payloads:
+    ``PI only`` (feedforward off or never had a source), else ``PI + feedforward from
+    <source>`` (several sources joined with "then", in the order first seen)."""
+    sources: list[str] = []
+    enabled = False
+    for r in loop:
+        ff = r.get("feedforward")
+        if not isinstance(ff, dict) or not ff.get("enabled"):
+            continue
+        enabled = True
+        src = ff.get("source")
+        if isinstance(src, str) and src != "none" and src not in sources:
+            sources.append(src)
+    if not sources:
+        return "PI only" + (" (feedforward on but no source)" if enabled else "")
+    return "PI + feedforward from " + " then ".join(FF_SOURCE_NAMES.get(x, x) for x in sources)
+
+
+def _alarm_note(alarm_id: str) -> str:
+    note = EXPECTED_DEMO_ALARMS.get(alarm_id)
+    return f" ({note})" if note else ""
+
+
 @dataclass
 class DemoSummary:
     scenario: str
@@ -107,6 +143,8 @@ class DemoSummary:
     trace_csv: str
     run_dir: str
     max_gpu_tj_c: float | None
+    control_mode: str = "PI control"
+    """What ran, from valvey's own supply_loop state (`control_mode_from_states`)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -328,6 +366,9 @@ async def run_demo(
             "mqtt": {"host": mqtt_host, "port": mqtt_port, "protocol": protocol},
             "spool": {"directory": str(spool_dir.resolve())},
             "log": {"format": "json"},
+            # No racky in the demo: the CDU's heat removed is the primary feedforward source
+            # (a site without racky does the same), so no feedforward_source_lost alarm.
+            "feedforward": {"enabled": True, "source": "heat_removed"},
         },
     )
     py = sys.executable
@@ -497,7 +538,9 @@ async def run_demo(
         points_spooled=count_spooled(spool_dir) if spool_dir.exists() else 0,
         spool_dir=str(spool_dir),
         valvey_exit_code=valvey_rc,
-        alarms_raised=[f"{t:.0f} s {a} {k}" for t, a, k in rec.alarm_log],
+        alarms_raised=[f"{t:.0f} s {a} {k}{_alarm_note(a) if k == 'raised' else ''}"
+                       for t, a, k in rec.alarm_log],
+        control_mode=control_mode_from_states(rec.loop),
         plot=str(plot) if plot else None,
         trace_csv=str(trace_csv),
         run_dir=str(run_dir),
@@ -519,7 +562,7 @@ def summary_markdown(s: DemoSummary) -> str:
         return "never left ±0.5 K" if v == 0 else ("not settled" if v is None else f"{v:.0f} s")
 
     lines = [
-        f"`rackctl demo` ({s.scenario}, {s.duration_s:g} s of plant time, PI control, real "
+        f"`rackctl demo` ({s.scenario}, {s.duration_s:g} s of plant time, {s.control_mode}, real "
         f"time over Modbus TCP and MQTT; {platform.system()} {platform.machine()}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d')}):",
@@ -589,6 +632,7 @@ def print_summary(s: DemoSummary, console: Console) -> None:
     )
     if s.max_gpu_tj_c is not None:
         console.print(f"hottest GPU junction: {s.max_gpu_tj_c:.1f} °C", markup=False)
+    console.print(f"control: {s.control_mode}", markup=False, highlight=False)
     console.print(f"alarms: {', '.join(s.alarms_raised) or 'none'}", markup=False)
     console.print(f"valvey exit code after SIGTERM: {s.valvey_exit_code}", markup=False)
     console.print(

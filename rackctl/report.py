@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import platform
+import re
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from typing import Any
 
 from rackctl.figures import Figure, Progress, write_results
 
-__all__ = ["SOURCES", "Source", "collect", "main"]
+__all__ = ["SOURCES", "SOURCE_SCENARIOS", "Source", "collect", "main"]
 
 Source = tuple[str, str, str]
 """``(daemon, module, function)`` of one figure source."""
@@ -51,6 +52,35 @@ SCENARIO_IDS = {
     "sensor-dropout": "S5", "leak": "S6", "flapping-link": "S7", "rising-crc": "S8",
     "facility-water-rise": "S9", "psu-failure": "S10",
 }
+
+
+#: Scenario ids whose figures each source can produce (module docstring; a superset is safe:
+#: it only means a source runs when ``--only`` might need it).
+SOURCE_SCENARIOS: dict[str, frozenset[str]] = {
+    "valvey": frozenset({"S1", "S2", "S3", "S4", "S5", "S6", "S9"}),
+    "racky": frozenset({"S2", "S3", "S4", "S6", "S7", "S8", "S9", "S10"}),
+}
+
+_SID_RE = re.compile(r"^(S\d+)[a-z]?$")
+
+
+def _source_needed(daemon: str, filters: Sequence[str]) -> bool:
+    """Whether source ``daemon`` can yield a figure that scenario/prefix ``filters`` keep
+    (True when unsure: a filter that is neither a scenario id or name nor a ``<daemon>.``
+    prefix)."""
+    if not filters:
+        return True
+    covered = SOURCE_SCENARIOS.get(daemon)
+    for o in filters:
+        head, dot, _ = o.partition(".")
+        if dot and head in SOURCE_SCENARIOS:  # a name prefix such as valvey.S1
+            if head == daemon:
+                return True
+            continue
+        m = _SID_RE.match(SCENARIO_IDS.get(o, o))
+        if m is None or covered is None or m.group(1) in covered:
+            return True
+    return False
 
 
 def _matches(name: str, only: Sequence[str] | None) -> bool:
@@ -80,8 +110,9 @@ def collect(
     """Run every source (lazily imported) and return their figures.
 
     ``only`` keeps sources whose daemon is named and, within a source, figures of the given
-    scenarios (id ``S1`` or name ``load-step``) or name prefixes. The sources still run every
-    scenario (they take no filter); only the figures kept are reported. A source that
+    scenarios (id ``S1`` or name ``load-step``) or name prefixes. A source that cannot yield
+    any requested scenario (`SOURCE_SCENARIOS`) is skipped; a source that runs still runs
+    every scenario it has (they take no filter), only the figures kept are reported. A source that
     cannot be imported or raises yields one failed ``<daemon>.report.error`` figure.
     """
     sources = SOURCES if sources is None else sources
@@ -90,6 +121,9 @@ def collect(
     picked_daemons = {o for o in (only or ()) if o in daemons}
     for daemon, module, func in sources:
         if picked_daemons and daemon not in picked_daemons:
+            continue
+        if not picked_daemons and not _source_needed(
+                daemon, [o for o in (only or ()) if o not in daemons]):
             continue
         label = f"{daemon} scenarios"
         progress(label, 0.0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 
 from rich.console import Console
@@ -32,8 +33,29 @@ def fail_config(err: ConfigError) -> None:
     sys.exit(EXIT_CONFIG)
 
 
-def setup_logging(level: str | None, fmt: str | None, cfg_log: Any) -> None:
-    configure_logging(level or cfg_log.level, fmt or cfg_log.format)  # type: ignore[arg-type]
+class LogLevel(StrEnum):
+    """The ``--log-level`` choices (typer refuses anything else with a clear error, exit 2)."""
+
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+class LogFormat(StrEnum):
+    """The ``--log-format`` choices."""
+
+    auto = "auto"
+    console = "console"
+    json = "json"
+
+
+def setup_logging(level: str | LogLevel | None, fmt: str | LogFormat | None,
+                  cfg_log: Any) -> None:
+    """Configure logging: the CLI flags win over the config's ``[log]`` table."""
+    lvl = level.value if isinstance(level, LogLevel) else level
+    form = fmt.value if isinstance(fmt, LogFormat) else fmt
+    configure_logging(lvl or cfg_log.level, form or cfg_log.format)  # type: ignore[arg-type]
 
 
 def run_async(main: Callable[[], Any]) -> int:

@@ -14,18 +14,68 @@ from __future__ import annotations
 
 import os
 import tomllib
+import types
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from rackplane.errors import ConfigError
 
 
+def _strict_problem(annotation: Any, value: Any) -> str | None:
+    """Why ``value`` may not fill a field typed ``annotation`` (None: no objection).
+
+    TOML has real types, so no coercion is needed: a bool is never a number, a string is never
+    a number or a bool (``budget_w = true`` must not become 1 W). An int is fine for a float.
+    Looks into Optional/Union, Annotated, list[...] and tuple[...]; other types pass through.
+    """
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _strict_problem(get_args(annotation)[0], value)
+    if origin is Union or origin is types.UnionType:
+        members = [a for a in get_args(annotation) if a is not type(None)]
+        if value is None or not members:
+            return None
+        problems = [_strict_problem(a, value) for a in members]
+        return None if any(p is None for p in problems) else problems[0]
+    if origin in (list, tuple) and isinstance(value, list | tuple):
+        args = [a for a in get_args(annotation) if a is not Ellipsis]
+        for i, item in enumerate(value):
+            if not args:
+                break
+            arg = args[min(i, len(args) - 1)]
+            problem = _strict_problem(arg, item)
+            if problem:
+                return f"item {i}: {problem}"
+        return None
+    if annotation is bool and not isinstance(value, bool):
+        return f"must be a boolean (true/false), not {type(value).__name__} {value!r}"
+    if annotation in (int, float) and isinstance(value, bool | str):
+        return f"must be a number, not {type(value).__name__} {value!r}"
+    return None
+
+
 class StrictModel(BaseModel):
-    """Base for every config model: unknown keys are errors, instances are immutable."""
+    """Base for every config model: unknown keys are errors, instances are immutable.
+
+    Scalars are type-strict (`_strict_problem`): a TOML bool or string never becomes a number,
+    a string never becomes a bool.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_coercion(cls, v: Any, info: ValidationInfo) -> Any:
+        if cls.model_config.get("strict"):
+            return v  # pydantic's own strict mode already refuses these (command args)
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None:
+            problem = _strict_problem(field.annotation, v)
+            if problem:
+                raise ValueError(problem)
+        return v
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -207,3 +257,28 @@ def example_toml(model: type[BaseModel], title: str) -> str:
 
     walk(instance, "")
     return "\n".join(out).rstrip() + "\n"
+
+
+def check_state_file_dir(key: str, path: Path, environ: dict[str, str] | None = None) -> None:
+    """The folder of state file ``path`` exists and is writable (it is never created, except
+    inside systemd's ``$STATE_DIRECTORY``, which systemd itself creates).
+
+    Raises:
+        ConfigError: naming ``key`` when the folder is missing, a file, or not writable.
+    """
+    env = os.environ if environ is None else environ
+    parent = Path(path).absolute().parent
+    for sd in filter(None, env.get("STATE_DIRECTORY", "").split(":")):
+        if parent == Path(sd).absolute() or Path(sd).absolute() in parent.parents:
+            check_writable_dir(key, parent)
+            return
+    problem = None
+    if not parent.exists():
+        problem = f"folder {parent} does not exist (create it, or use a path in an existing one)"
+    elif not parent.is_dir():
+        problem = f"{parent} is a file, not a directory"
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        problem = f"folder {parent} is not writable by this user"
+    if problem:
+        msg = f"{key}: {path} cannot be used: {problem}"
+        raise ConfigError(f"invalid configuration:\n  {msg}", problems=[msg])

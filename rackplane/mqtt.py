@@ -13,6 +13,7 @@ tags, not in the topic)::
     <base>/state/<thing>               retained JSON, QoS 1, latest wins, re-sent on every connect
     <base>/telemetry/<thing>           JSON, QoS 0, queued while disconnected (drop-oldest)
     <base>/alarm/<id>                  retained JSON, QoS 1 while active; empty retained = cleared
+                                       (reconciled on every connect, see `MqttLink` "alarms")
     <base>/cmd/<user>/<verb>           incoming commands (subscribe to `Topics.cmd_filter`)
     <base>/cmd/<user>/<verb>/result    replies when the request has no MQTT v5 response topic
 
@@ -260,6 +261,11 @@ class Topics:
     def alarm(self, alarm_id: str) -> str:
         """``<base>/alarm/<id>`` (retained JSON while active)."""
         return f"{self.base}/alarm/{_level(alarm_id, 'alarm id')}"
+
+    @property
+    def alarm_filter(self) -> str:
+        """``<base>/alarm/+``: every alarm topic of this daemon."""
+        return f"{self.base}/alarm/+"
 
     def cmd(self, user: str, verb: str) -> str:
         """``<base>/cmd/<user>/<verb>``: where a client named ``user`` sends ``verb``."""
@@ -534,6 +540,13 @@ class MqttLink:
         ConfigError: ``settings.password_env`` is named but not set.
         ValueError: ``daemon`` or ``settings.topic_root`` is not topic-safe.
 
+    Alarms: on every connect a daemon link (``announce=True``) reconciles the broker's
+    retained ``<base>/alarm/+`` topics with the alarms it holds: it subscribes to that filter,
+    collects the retained messages, unsubscribes (Mosquitto sends the retained messages of a
+    SUBSCRIBE before it handles the next packet, so they all arrive before the UNSUBACK), and
+    clears (empty retained publish) every one it does not hold, e.g. left by an earlier process
+    of the same daemon; then its own alarms are re-published. `wait_ready()` returns after it.
+
     Use: register handlers with `subscribe()`, run `run()` as a supervised task, publish with
     `publish_state` / `publish_telemetry` / `publish_alarm` (never raise for connectivity),
     `reply()` to commands, and call `stop()` at shutdown.
@@ -586,6 +599,8 @@ class MqttLink:
         self._running = False
         self._background: set[asyncio.Future[Any]] = set()  # abandoned connects being closed
         self._refused_topics: set[str] = set()
+        # Retained alarm topics seen during the reconciliation after a connect (None otherwise).
+        self._alarm_scan: set[str] | None = None
 
     # --- subscriptions ------------------------------------------------------------------
 
@@ -1116,6 +1131,7 @@ class MqttLink:
         await self._sync_subscriptions(conn)
         if self.announce:
             await self._publish_status(conn, "online")
+            await self._reconcile_alarms(conn)
         for thing in self._state:
             self._state_dirty[thing] = None
         for alarm_id in self._alarms:
@@ -1136,6 +1152,39 @@ class MqttLink:
             if self._has_pending() or any(f not in conn.attempted for f in self._subs):
                 continue
             await self._wake.wait()
+
+    async def _reconcile_alarms(self, conn: _Conn) -> None:
+        """Clear every retained ``<base>/alarm/<id>`` this link does not hold (stale, from an
+        earlier process). Subscribe, collect the retained messages, unsubscribe: the broker
+        sends a SUBSCRIBE's retained messages before its next reply (Mosquitto 2.0), so they
+        are all in by the UNSUBACK. A refused subscription (ACL) is logged; nothing cleared."""
+        topic_filter = self.topics.alarm_filter
+        self._alarm_scan = set()
+        try:
+            request: list[tuple[str, Any]] = [
+                (topic_filter, SubscribeOptions(qos=0) if self.settings.protocol == "5" else 0)
+            ]
+            codes: Sequence[ReasonCode | int] = await conn.client.subscribe(request)
+            code = codes[0] if codes else 0x80
+            if code.is_failure if isinstance(code, ReasonCode) else code >= 0x80:
+                self._log.warning("mqtt_alarm_reconcile_refused", topic_filter=topic_filter,
+                                  code=str(code), note="stale retained alarms are not cleared")
+                return
+            if topic_filter not in self._subs:  # never drop a filter a handler registered
+                await conn.client.unsubscribe(topic_filter)
+            seen = set(self._alarm_scan)
+        finally:
+            self._alarm_scan = None
+        stale = sorted(t for t in seen if t.rsplit("/", 1)[-1] not in self._alarms)
+        for topic in stale:
+            self._log.warning("mqtt_stale_alarm_cleared", topic=topic,
+                              note="retained alarm not held by this daemon: cleared")
+            try:
+                await self._publish_raw(conn, topic, b"", 1, True)
+            except _PublishRefused as err:
+                self._refused_once(err)
+                continue
+            self._stats.messages_out += 1
 
     async def _sync_subscriptions(self, conn: _Conn) -> None:
         """One SUBSCRIBE for every registered filter not yet sent on this connection. A filter
@@ -1340,6 +1389,11 @@ class MqttLink:
             self._stats.unrouted += 1
             self._log.warning("mqtt_bad_topic", error="topic is not valid UTF-8")
             return
+        if (self._alarm_scan is not None and m.retain and m.payload
+                and topic_matches(self.topics.alarm_filter, topic)):
+            self._alarm_scan.add(topic)
+            if not any(topic_matches(f, topic) for f in self._subs):
+                return  # only the reconciliation asked for it: not a message for the handlers
         props = getattr(m, "properties", None)
         response_topic = getattr(props, "ResponseTopic", None) if props is not None else None
         corr = getattr(props, "CorrelationData", None) if props is not None else None

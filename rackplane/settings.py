@@ -76,7 +76,7 @@ class TlsSettings(StrictModel):
 class MqttSettings(StrictModel):
     """Broker connection. The password comes from the environment variable ``password_env``."""
 
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(1883, ge=1, le=65535)
     protocol: Literal["3.1.1", "5"] = "5"
     client_id: str | None = Field(
@@ -212,7 +212,7 @@ class ModbusTargetSettings(StrictModel):
     """One Modbus TCP device: one owner task, one connection."""
 
     name: str
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(502, ge=1, le=65535)
     unit_id: int = Field(1, ge=0, le=255, description="0 is a real device over TCP (BR-06)")
     register_map: Path = Field(

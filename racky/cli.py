@@ -13,13 +13,15 @@ from rich.console import Console
 from rackplane.cli import (
     EXIT_OK,
     EXIT_RUNTIME,
+    LogFormat,
+    LogLevel,
     fail_config,
     run_async,
     samples_table,
     setup_logging,
 )
 from rackplane.clock import SYSTEM_CLOCK
-from rackplane.config import example_toml
+from rackplane.config import check_state_file_dir, example_toml
 from rackplane.errors import ConfigError, ModbusError
 from rackplane.modbus import ModbusDevice
 from rackplane.registers import load_register_map
@@ -47,8 +49,8 @@ def racky(
     print_default_config: Annotated[
         bool, typer.Option("--print-default-config", help="print every key with its default")
     ] = False,
-    log_level: Annotated[str | None, typer.Option(help="debug | info | warning | error")] = None,
-    log_format: Annotated[str | None, typer.Option(help="auto | console | json")] = None,
+    log_level: Annotated[LogLevel | None, typer.Option(help="default: [log] level")] = None,
+    log_format: Annotated[LogFormat | None, typer.Option(help="default: [log] format")] = None,
 ) -> None:
     """racky: rack power capping and sequencing, link health, thermal and traffic detection,
     the rack lifecycle (Modbus TCP, MQTT, InfluxDB). Validation on the simulator:
@@ -60,6 +62,7 @@ def racky(
         raise typer.Exit(EXIT_OK)
     try:
         cfg = load_racky_config(config)
+        check_state_file_dir("lifecycle.state_file", state_path(cfg.lifecycle.state_file))
     except ConfigError as err:
         fail_config(err)
         return

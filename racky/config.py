@@ -89,7 +89,7 @@ class DiscoverySettings(StrictModel):
 
     enabled: bool = Field(False, description="scan for power shelves instead of (or besides) "
                           "the configured power_shelves")
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(502, ge=1, le=65535)
     unit_id_first: int = Field(1, ge=0, le=255)
     unit_id_last: int = Field(16, ge=0, le=255)

@@ -264,9 +264,17 @@ class StateStore:
         """Write atomically (tmp + fsync + rename + directory fsync).
 
         Raises:
-            OSError: the directory cannot be written.
+            OSError: the directory cannot be written, or is missing (it is never created,
+                except inside systemd's ``$STATE_DIRECTORY``).
         """
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        parent = self.path.parent
+        if not parent.is_dir():
+            sd = [Path(d).absolute() for d in os.environ.get("STATE_DIRECTORY", "").split(":") if d]
+            if not any(d == parent.absolute() or d in parent.absolute().parents for d in sd):
+                raise FileNotFoundError(
+                    f"state file folder {parent} does not exist (lifecycle.state_file; "
+                    "it is not created: create it or point state_file into an existing one)")
+            parent.mkdir(parents=True, exist_ok=True)
         data = json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n"
         tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         with open(tmp, "w", encoding="utf-8") as fh:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from rackplane.cli import fail_config, run_async
+from rackplane.cli import LogFormat, LogLevel, fail_config, run_async
 from rackplane.errors import ConfigError
 from rackplane.log import configure_logging
 from rackplane.service import run_daemon
@@ -66,12 +66,12 @@ def run(
     ground_truth: Annotated[
         Path | None, typer.Option(help="write injected faults (JSON) here")
     ] = None,
-    log_level: Annotated[str, typer.Option()] = "info",
-    log_format: Annotated[str, typer.Option(help="auto | console | json")] = "auto",
+    log_level: Annotated[LogLevel, typer.Option()] = LogLevel.info,
+    log_format: Annotated[LogFormat, typer.Option()] = LogFormat.auto,
 ) -> None:
     """Run a scenario in real time: Modbus TCP CDU and power shelves; telemetry, ground truth
     and node-agent commands on MQTT when a broker is set (docs/SIMULATORS.md)."""
-    configure_logging(log_level, log_format)  # type: ignore[arg-type]
+    configure_logging(log_level.value, log_format.value)
     try:
         if model not in ("rack", "cdu"):
             raise ValueError(f"--model must be rack or cdu, not {model!r}")

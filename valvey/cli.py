@@ -13,13 +13,15 @@ from rackplane.cli import (
     EXIT_CONFIG,
     EXIT_OK,
     EXIT_RUNTIME,
+    LogFormat,
+    LogLevel,
     fail_config,
     run_async,
     samples_table,
     setup_logging,
 )
 from rackplane.clock import SYSTEM_CLOCK
-from rackplane.config import example_toml
+from rackplane.config import check_state_file_dir, example_toml
 from rackplane.errors import ConfigError, ModbusError
 from rackplane.modbus import ModbusDevice
 from rackplane.registers import RegisterMap
@@ -27,6 +29,7 @@ from rackplane.samples import Sample
 from rackplane.service import run_daemon
 from valvey.app import Valvey, load_valvey_config
 from valvey.config import CduTarget, ValveyConfig
+from valvey.persist import state_file_path
 
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=False)
 
@@ -47,8 +50,8 @@ def valvey(
     print_default_config: Annotated[
         bool, typer.Option("--print-default-config", help="print every key with its default")
     ] = False,
-    log_level: Annotated[str | None, typer.Option(help="debug | info | warning | error")] = None,
-    log_format: Annotated[str | None, typer.Option(help="auto | console | json")] = None,
+    log_level: Annotated[LogLevel | None, typer.Option(help="default: [log] level")] = None,
+    log_format: Annotated[LogFormat | None, typer.Option(help="default: [log] format")] = None,
 ) -> None:
     """valvey: holds the CDU's coolant supply temperature (Modbus TCP, MQTT, InfluxDB)."""
     if print_default_config:
@@ -57,6 +60,9 @@ def valvey(
         raise typer.Exit(EXIT_OK)
     try:
         cfg, regmap = load_valvey_config(config)
+        if cfg.control.state_file is not None:  # the default lives beside the spool folder
+            check_state_file_dir("control.state_file", state_file_path(
+                cfg.control.state_file, cfg.spool, cfg.identity.rack))
     except ConfigError as err:
         fail_config(err)
         return

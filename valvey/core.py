@@ -109,7 +109,8 @@ def alarm_defs(cfg: ValveyConfig, pump_names: list[str], valve_names: list[str],
                      "drifting)", latch=True))
     out += [
         d("feedforward_source_lost", "minor",
-          "Rack power from racky is stale: feedforward on the CDU's heat figure or off",
+          "Feedforward's primary source (feedforward.source) is stale: feedforward on the "
+          "CDU's heat figure or off",
           on_delay_s=10.0),
         d("dew_point_floor_active", "warning",
           "Supply setpoint raised to dew point + margin (condensation risk)"),
@@ -617,7 +618,7 @@ class ValveyCore:
             cond[f"supply_sensor_fault.{p}"] = status in ("bad", "frozen", "disagree",
                                                            "drift", "out_of_range")
         cond["feedforward_source_lost"] = (self.ff.settings.enabled
-                                           and self.ff.source != "rack_power")
+                                           and self.ff.source != self.ff.settings.source)
         cond["dew_point_floor_active"] = ls.constraint == "dew_point_floor"
         cond["room_sensors_stale"] = self.cfg.selector.dew_point_floor and self._room_stale
         lc = self._fresh(samples, self.points.local_control, now)

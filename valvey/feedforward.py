@@ -61,6 +61,11 @@ class FeedforwardSettings(StrictModel):
     """Dynamic feedforward (module docstring). ``enabled = false`` is PID-only."""
 
     enabled: bool = Field(True, description="false: PID only (REFERENCE §4.5 comparison)")
+    source: Literal["rack_power", "heat_removed"] = Field(
+        "rack_power", description="primary input: racky's rack power (leads the heat by the "
+        "transport delay), or the CDU's heat_removed_kw for sites without racky (it already "
+        "lags: less benefit); feedforward_source_lost alarms when the primary is not in use"
+    )
     delay_s: float = Field(
         6.0, ge=0, le=120, description="pure delay ≈ supply-pipe transport (REFERENCE §1.7)"
     )
@@ -153,11 +158,12 @@ class DynamicFeedforward:
         self._t = now
         p_kw: float | None = None
         delayed = True
-        if rack_power is not None and rack_power.fresh(now, s.stale_after_s):
+        if (s.source == "rack_power" and rack_power is not None
+                and rack_power.fresh(now, s.stale_after_s)):
             assert rack_power.value is not None
             p_kw = rack_power.value / 1000.0
             self.source = "rack_power"
-        elif (s.fallback_heat_removed and heat_removed is not None
+        elif ((s.fallback_heat_removed or s.source == "heat_removed") and heat_removed is not None
               and heat_removed.fresh(now, s.stale_after_s)):
             assert heat_removed.value is not None
             p_kw = max(0.0, heat_removed.value) / s.liquid_fraction

@@ -168,3 +168,30 @@ def test_watch_shows_status_state_and_alarms(mosquitto: Mosquitto, valvey: Proc)
             LeasesState.model_validate(x["payload"])
     assert ("state", "leases") in kinds
     assert human.code == 0 and "valvey: online" in human.out and "alarms (" in human.out
+
+
+def test_cmd_shows_a_refusal_without_request_id(mosquitto: Mosquitto, valvey: Proc) -> None:
+    """An envelope the daemon cannot read (over 16 kB) is refused with request_id null; v5
+    Correlation Data still brings the refusal to rackctl: exit 1 at once, not "no reply"."""
+    wait_online(mosquitto, valvey)
+    f = flags(mosquitto, valvey)
+    big = json.dumps({"note": "x" * 17_000})
+    t0 = time.monotonic()
+    r = rackctl("cmd", "valvey", "get_state", "--args", big, "--json", "--username", "alice",
+                "--timeout", "30", *f)
+    assert r.code == 1, r
+    assert r.json()["error"]["code"] == "too_large" and r.json()["request_id"] is None
+    assert time.monotonic() - t0 < 25  # the reply, not the timeout
+    human = rackctl("cmd", "valvey", "get_state", "--args", big, "--username", "alice", *f)
+    assert human.code == 1 and "refused (too_large)" in human.out, human
+
+
+def test_replay_to_a_dead_url_reports_retries_and_gives_up(tmp_path: Path) -> None:
+    from rackplane.spool import Spool
+
+    with Spool(tmp_path / "spool") as sp:
+        sp.append(["m v=1 1000000000"])
+    r = rackctl("replay", str(tmp_path / "spool"), "--url", "http://127.0.0.1:1",
+                "--give-up", "1")
+    assert r.code == 1, r
+    assert "retry 1" in r.out and "replay stopped early: gave up after 1" in r.err, r

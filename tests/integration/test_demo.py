@@ -23,6 +23,8 @@ def test_demo_runs_on_embedded_defaults(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["valvey_exit_code"] == 0
     assert summary["points_spooled"] > 50
+    # The CDU's heat figure is the demo's primary feedforward source: no source-lost alarm.
+    assert not [a for a in summary["alarms_raised"] if "feedforward_source_lost" in a]
     assert Path(summary["spool_dir"]).is_dir()
     (step,) = summary["steps"]
     assert step["disturbance"] == "load step up"
@@ -33,3 +35,19 @@ def test_demo_runs_on_embedded_defaults(tmp_path: Path) -> None:
     # The spool is line protocol a replay can send: the loop's own measurement is in it.
     seg = next((run_dir / "spool").glob("*.lp")).read_text()
     assert seg.startswith("# rackplane-spool v1") and "\npid," in seg
+
+
+def test_demo_summary_names_the_control_mode_that_ran() -> None:
+    """Not "PI control" when feedforward ran (F3): the mode comes from valvey's own state."""
+    from rackctl.demo import _alarm_note, control_mode_from_states
+
+    def st(enabled: bool, source: str) -> dict[str, object]:
+        return {"feedforward": {"enabled": enabled, "source": source}}
+
+    assert control_mode_from_states([st(False, "none")] * 3) == "PI only"
+    assert control_mode_from_states([]) == "PI only"
+    heat = control_mode_from_states([st(True, "none"), st(True, "heat_removed")])
+    assert heat == "PI + feedforward from the CDU's heat removed (no racky in the demo)"
+    both = control_mode_from_states([st(True, "rack_power"), st(True, "heat_removed")])
+    assert both.startswith("PI + feedforward from racky's rack power then the CDU's")
+    assert _alarm_note("feedforward_source_lost") == "" and _alarm_note("x") == ""

@@ -5,6 +5,8 @@ errors (2) and for no broker (3). The broker paths: tests/integration/test_cli.p
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import socket
 from collections.abc import Iterator
@@ -16,8 +18,16 @@ import structlog
 from typer.testing import CliRunner
 
 from rackctl.cli import app
-from rackctl.client import ClientSettings, load_client_settings, parse_args, watch_filters
+from rackctl.client import (
+    ClientSettings,
+    CommandClient,
+    load_client_settings,
+    parse_args,
+    validate_request_id,
+    watch_filters,
+)
 from rackplane.errors import ConfigError
+from rackplane.mqtt import Message
 
 
 @pytest.fixture(autouse=True)
@@ -100,11 +110,60 @@ def test_watch_filters() -> None:
     (["cmd", "valvey", "get_state", "--config", "/nonexistent/rackctl.toml"], 2, "not found"),
     (["cmd", "valvey"], 2, "Missing argument"),
     (["watch", "valvey", "--protocol", "6"], 2, "protocol"),
+    # F3: non-finite numbers, a bad request id, a missing CA file, a negative duration
+    (["cmd", "valvey", "set_setpoint", "--arg", "setpoint_c=NaN"], 2, "finite numbers only"),
+    (["cmd", "valvey", "set_setpoint", "--args", '{"setpoint_c": 1e400}'], 2, "out of range"),
+    (["cmd", "valvey", "get_state", "--request-id", "bad id with spaces"], 2, "no spaces"),
+    (["cmd", "valvey", "get_state", "--ca-file", "/nope.pem"], 2, "/nope.pem: no such file"),
+    (["watch", "valvey", "--ca-file", "/nope.pem"], 2, "/nope.pem: no such file"),
+    (["watch", "valvey", "--duration", "-5"], 2, "--duration"),
+    (["replay", "/tmp", "--url", "notaurl"], 2, "invalid option: url: "),
+    (["demo", "--broker", "localhost:notaport"], 2, "expected HOST:PORT"),
 ])
 def test_usage_and_settings_errors_exit_2(argv: list[str], code: int, text: str) -> None:
     result = CliRunner().invoke(app, argv, env={"HOME": "/nonexistent"})
     assert result.exit_code == code, result.output
     assert text in result.output
+
+
+def test_usage_errors_are_one_clean_line() -> None:
+    """No traceback, no pydantic link: a script or a person reads one line."""
+    for argv in (["cmd", "valvey", "set_setpoint", "--arg", "setpoint_c=NaN"],
+                 ["replay", "/tmp", "--url", "notaurl"]):
+        result = CliRunner().invoke(app, argv, env={"HOME": "/nonexistent", "COLUMNS": "300"})
+        assert result.exit_code == 2, result.output
+        assert "Traceback" not in result.output and "errors.pydantic.dev" not in result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_parse_args_refuses_non_finite_numbers() -> None:
+    for pairs, js in ((["x=NaN"], None), (["x=-Infinity"], None), (["x=1e400"], None),
+                      ([], '{"x": NaN}'), ([], '{"x": [1, 1e999]}')):
+        with pytest.raises(ValueError, match="finite numbers only"):
+            parse_args(pairs, js)
+    assert parse_args(["x=1e300", "m=NaNny"]) == {"x": 1e300, "m": "NaNny"}
+
+
+def test_request_id_checked_by_the_daemons_rule() -> None:
+    assert validate_request_id("op-42:a.b_c") == "op-42:a.b_c"
+    for bad in ("", "bad id", "x" * 65, "é"):
+        with pytest.raises(ValueError, match="request-id"):
+            validate_request_id(bad)
+
+
+async def test_reply_with_null_request_id_matched_by_correlation_data() -> None:
+    """A daemon's too_large / invalid_envelope refusal has request_id null (the envelope was
+    unreadable) but echoes the v5 Correlation Data: the waiting call gets it."""
+    client = CommandClient(ClientSettings(port=closed_port()))
+    fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    client._pending["rc-1"] = fut
+    body = {"request_id": None, "ok": False, "state": None,
+            "error": {"code": "too_large", "message": "over 16384 bytes"}}
+    client._on_reply(Message("t/result/n", json.dumps(body).encode(), correlation_data=b"other"))
+    assert not fut.done()
+    client._on_reply(Message("t/result/n", json.dumps(body).encode(), correlation_data=b"rc-1"))
+    assert fut.done() and fut.result()["error"]["code"] == "too_large"
+    assert client.arrivals == ["rc-1"]
 
 
 @pytest.mark.parametrize("command", ["cmd", "watch"])

@@ -75,3 +75,29 @@ def test_main_writes_results_even_when_sources_fail(
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data[0]["name"] == "valvey.report.error" and data[0]["pass"] is False
     assert "valvey.report.error" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_only_skips_a_source_that_cannot_yield_the_requested_scenarios(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``--only S1`` must not run racky's scenarios (S1 is valvey's alone), nor ``--only S8``
+    valvey's; a filter the report cannot place still runs every source."""
+    ran: list[str] = []
+
+    def src(daemon: str) -> object:
+        def figs(out: Path | None, progress: object, quick: bool) -> list[Figure]:
+            ran.append(daemon)
+            return [Figure(f"{daemon}.S1.x", 1.0, "", 2.0, "<="),
+                    Figure(f"{daemon}.S8.y", 1.0, "", 2.0, "<=")]
+        return figs
+
+    _install(monkeypatch, "fake_v", figs=src("valvey"))
+    _install(monkeypatch, "fake_r", figs=src("racky"))
+    sources = (("valvey", "fake_v", "figs"), ("racky", "fake_r", "figs"))
+    for only, want in ((["S1"], ["valvey"]), (["load-step"], ["valvey"]),
+                       (["rising-crc"], ["racky"]), (["racky.S8"], ["racky"]),
+                       (["S1", "S10"], ["valvey", "racky"]), (["S9"], ["valvey", "racky"]),
+                       (["weird"], ["valvey", "racky"]), (["valvey"], ["valvey"])):
+        ran.clear()
+        report.collect(tmp_path, lambda lbl, f: None, True, only, sources)
+        assert ran == want, only
