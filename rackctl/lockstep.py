@@ -41,7 +41,7 @@ from rackctl.figures import Figure, Progress, no_progress
 from rackplane.clock import FakeClock
 from rackplane.errors import WriteRejected
 from rackplane.registers import PointSpec, RegisterMap, load_register_map
-from rackplane.samples import Quality, Sample, invalid
+from rackplane.samples import SAMPLE_SLOT_SETTERS, Quality, Sample, invalid, make_sample
 from rackplane.settings import Identity
 from sims.metrics import step_metrics, valve_activity
 from sims.scenario import FaultRecord, Scenario, ScenarioRun, load_scenario
@@ -265,8 +265,68 @@ def _modbus_sample(p: _Pt, v: float, ts: int, now: float, sentinel: bool) -> Sam
     if res is not None:
         v = round((v - p.offset) / res) * res + p.offset
     if v < p.vmin or v > p.vmax:
-        return Sample(p.name, v, p.unit, ts, now, Quality.OUT_OF_RANGE, "out_of_range")
-    return Sample(p.name, v, p.unit, ts, now)
+        return make_sample(p.name, v, p.unit, ts, now, Quality.OUT_OF_RANGE, "out_of_range")
+    return make_sample(p.name, v, p.unit, ts, now)
+
+
+_POINTS_CACHE: dict[tuple[str, int | None], tuple[list[_Pt], list[_Pt]]] = {}
+
+
+def _cdu_points(ref: str | Path) -> tuple[list[_Pt], list[_Pt]]:
+    """The fast and slow `_Pt` lists of register map ``ref``
+    (`rackplane.registers.load_register_map`), loaded and validated once per file version:
+    a scenario report makes dozens of runs on the same map (~2 ms each to load)."""
+    try:
+        stamp: int | None = Path(ref).stat().st_mtime_ns
+    except OSError:
+        stamp = None  # a bundled map's bare name
+    key = (str(ref), stamp)
+    hit = _POINTS_CACHE.get(key)
+    if hit is None:
+        regmap = load_register_map(ref)
+        hit = ([_Pt.of(p) for p in _modbus_points(regmap, slow=False)],
+               [_Pt.of(p) for p in _modbus_points(regmap, slow=True)])
+        _POINTS_CACHE[key] = hit
+    return hit
+
+
+_PtRow = tuple[str, str, float | None, float, float, float, bool, _Pt]
+
+
+def _rows(points: list[_Pt]) -> list[_PtRow]:
+    """The points as flat tuples for the per-tick loop (unpacking beats attribute reads)."""
+    return [(p.name, p.unit, p.res, p.offset, p.vmin, p.vmax, p.sentinel, p) for p in points]
+
+
+def _read_modbus(rows: list[_PtRow], r: Mapping[str, float], ts: int, now: float,
+                 sent: frozenset[str] | set[str], latest: dict[str, Sample]) -> None:
+    """`_modbus_sample` of every row into ``latest``, inlined for the common case (a finite
+    value, no sentinel fault): this runs for ~24 points on every 10 Hz tick."""
+    new = object.__new__
+    s_point, s_value, s_unit, s_ts, s_mono, s_quality, s_reason = SAMPLE_SLOT_SETTERS
+    good = Quality.GOOD
+    for name, unit, res, off, vmin, vmax, has_sentinel, p in rows:
+        v = r[name]
+        if v - v != 0.0 or (has_sentinel and name in sent):  # NaN, ±inf or a sentinel fault
+            latest[name] = _modbus_sample(p, v, ts, now, name in sent)
+            continue
+        if res is not None:
+            v = round((v - off) / res) * res + off
+        if vmin <= v <= vmax:
+            smp = new(Sample)  # make_sample(name, v, unit, ts, now), inlined
+            s_point(smp, name)
+            s_value(smp, v)
+            s_unit(smp, unit)
+            s_ts(smp, ts)
+            s_mono(smp, now)
+            s_quality(smp, good)
+            s_reason(smp, None)
+            latest[name] = smp
+        else:
+            latest[name] = make_sample(name, v, unit, ts, now, _OUT_OF_RANGE, "out_of_range")
+
+
+_OUT_OF_RANGE = Quality.OUT_OF_RANGE
 
 
 _LEAK_FAULTS = ("tray_leak", "cdu_leak", "leak_sensor_fault")
@@ -337,9 +397,9 @@ def run_valvey(
     clock = FakeClock()
     start = clock.monotonic() - (3600.0 if warm else 0.0)
     core = ValveyCore.from_config(cfg, start, request_prefix="lockstep")
-    regmap = load_register_map(cfg.cdu.register_map)
-    fast_points = [_Pt.of(p) for p in _modbus_points(regmap, slow=False)]
-    slow_points = [_Pt.of(p) for p in _modbus_points(regmap, slow=True)]
+    fast_points, slow_points = _cdu_points(cfg.cdu.register_map)
+    fast_rows = _rows(fast_points)
+    all_rows = _rows(fast_points + slow_points)
     ident = cfg.identity
     root = cfg.mqtt.topic_root
     by_topic: dict[str, list[Any]] = {}
@@ -366,23 +426,24 @@ def run_valvey(
     marks: dict[str, float] = {}
     watch_leaks = any(f.kind in _LEAK_FAULTS for f in scenario.faults)
     n = 0
-    while run.t_s < end_s - 1e-9:
+    sim_racky = seam if isinstance(seam, SimRacky) else None
+    end_at = end_s - 1e-9
+    readings, core_step, run_step, advance = plant.readings, core.step, run.step, clock.advance
+    while (t_s := run.t_s) < end_at:
         now = clock.monotonic()
         ts = clock.wall_ns()
-        t_s = run.t_s
         # --- Modbus: every point valvey reads, as the adapter delivers it ---
         pr = run.protocol
-        r = plant.readings()
-        points = fast_points + slow_points if t_s >= next_mqtt - 1e-9 else fast_points
+        r = readings()
+        rows = all_rows if t_s >= next_mqtt - 1e-9 else fast_rows
         if pr.modbus["cdu"].blackhole:
-            for p in points:
-                old = latest.get(p.name)
+            for row in rows:
+                name = row[0]
+                old = latest.get(name)
                 if old is not None and old.quality is not Quality.STALE:
-                    latest[p.name] = old.as_stale("timeout")
+                    latest[name] = old.as_stale("timeout")
         else:
-            sent = pr.sentinel_points
-            for p in points:
-                latest[p.name] = _modbus_sample(p, r[p.name], ts, now, p.name in sent)
+            _read_modbus(rows, r, ts, now, pr.sentinel_points, latest)
         # --- MQTT: the simulator's and racky's publications, once a second ---
         if t_s >= next_mqtt - 1e-9:
             next_mqtt += 1.0
@@ -403,10 +464,10 @@ def run_valvey(
         for reply in replies:
             core.on_racky_reply(reply, now)
         replies = []
-        if isinstance(seam, SimRacky):
-            seam.expire(t_s)
+        if sim_racky is not None:
+            sim_racky.expire(t_s)
         # --- the core ---
-        out = core.step(now, latest)
+        out = core_step(now, latest)
         for point, value in out.writes:
             if point in watched:
                 events.append((t_s, "write", (point, value)))
@@ -464,8 +525,8 @@ def run_valvey(
             _mark_leaks(run, t_s, marks)
         if on_tick is not None:
             on_tick(run, core, t_s, now)
-        run.step(dt_s)
-        clock.advance(dt_s)
+        run_step(dt_s)
+        advance(dt_s)
         n += 1
     det = {f"safety.{k}": v - start - 3600.0 * warm for k, v in core.safety.detected.items()}
     return LockstepResult(

@@ -42,6 +42,7 @@ import numbers
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import compress
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -156,6 +157,8 @@ class _State:
 
 
 def _check_time(name: str, t: float) -> float:
+    if t.__class__ is float and math.isfinite(t):
+        return t  # the 10 Hz callers' case, without the ABC isinstance checks below
     if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t):
         raise ValueError(f"{name} must be a finite number of monotonic seconds, got {t!r}")
     return float(t)
@@ -191,6 +194,13 @@ class AlarmEngine:
         self._states: dict[str, _State] = {i: _State() for i in self._defs}
         self._now = self._start
         self._shelved: set[str] = set()  # ids with a shelve in force (expiry checks)
+        self._order = {aid: i for i, aid in enumerate(self._defs)}
+        # Ids `update` must look at even when their condition is falsy: not (condition False,
+        # normal and clear_since set). Every other id is quiet: a falsy condition cannot
+        # change it (the fast path in `update`), so a 10 Hz update visits only these and the
+        # ids whose condition is true. Only `update` can make an id un-quiet.
+        self._hot: set[str] = set(self._defs)
+        self._known_keys: tuple[str, ...] = ()  # the last key set of `update` found valid
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -256,9 +266,18 @@ class AlarmEngine:
         Raises:
             ValueError: unknown ids, time going backwards or non-finite.
         """
-        now = self._advance(now_mono)
+        if now_mono.__class__ is float and self._now <= now_mono < math.inf:
+            now = self._now = now_mono  # `_advance` for the 10 Hz caller's finite float
+        else:
+            now = self._advance(now_mono)
         defs = self._defs
-        if not conditions.keys() <= defs.keys() or (values and not values.keys() <= defs.keys()):
+        keys = tuple(conditions)
+        bad_keys = False
+        if keys != self._known_keys:  # a 10 Hz caller repeats its key set: check it once
+            bad_keys = not conditions.keys() <= defs.keys()
+            if not bad_keys:
+                self._known_keys = keys
+        if bad_keys or (values and not values.keys() <= defs.keys()):
             unknown = [k for k in conditions if k not in defs]
             if values:
                 unknown += [k for k in values if k not in defs]
@@ -267,15 +286,22 @@ class AlarmEngine:
         if self._shelved:
             self._expire_shelves(now, events)
         states = self._states
-        for aid, d in defs.items():
+        if values:
+            for aid, v in values.items():
+                states[aid].value = float(v) if v is not None and math.isfinite(v) else None
+        hot = self._hot
+        visit = hot.union(compress(conditions, conditions.values()))  # + ids true now
+        if not visit:
+            return events
+        order = self._order
+        for aid in sorted(visit, key=order.__getitem__):  # definition order (a copy of hot)
             st = states[aid]
-            if values and aid in values:
-                v = values[aid]
-                st.value = float(v) if v is not None and math.isfinite(v) else None
             c = conditions.get(aid)
             if (not c and not st.condition and st.phase == "normal"
                     and (c is None or st.clear_since is not None)):
                 continue  # fast path (10 Hz callers): normal, quiet, nothing can change
+            if st.condition and st.phase == "active" and (c is None or c):
+                continue  # active and still true: nothing can change (it stays hot)
             if c is not None:
                 c = bool(c)
                 if c and not st.condition:
@@ -285,7 +311,11 @@ class AlarmEngine:
                 elif not c and st.clear_since is None:
                     st.clear_since = now
                 st.condition = c
-            self._evaluate(d, st, now, events)
+            self._evaluate(defs[aid], st, now, events)
+            if st.condition or st.phase != "normal" or st.clear_since is None:
+                hot.add(aid)
+            else:
+                hot.discard(aid)
         return events
 
     def ack(self, alarm_id: str, user: str, now_mono: float) -> list[AlarmEvent]:

@@ -130,6 +130,8 @@ READING_POINTS: tuple[str, ...] = (
 #: Pumps the register map names (index i -> ``pump_<letter>_*`` points); a plant with fewer
 #: pumps reads 0 for the missing ones.
 PUMP_LETTERS: tuple[str, ...] = ("a", "b")
+_PUMP_KEYS = tuple((f"pump_{c}_running", f"pump_{c}_fault", f"pump_{c}_speed_pct",
+                    f"pump_{c}_run_hours_h") for c in PUMP_LETTERS)  # `CduPlant.readings`
 
 #: Writable points and their (write_min, write_max), as in config/registers/cdu-generic.toml.
 WRITABLE_POINTS: dict[str, tuple[float, float]] = {
@@ -1003,11 +1005,11 @@ class RackThermal:
         """Trays in HW slowdown (above the threshold, or still recovering)."""
         if self._gpu_mode:
             return int(self.gpu_throttled.reshape(self._n_trays, self._gpt).any(axis=1).sum())
-        return sum(
+        return len([  # a count: a list comprehension is cheaper than sum() of a generator
             1
             for on, s, sl in zip(self._on, self._s, self._slowed, strict=True)
             if on and (sl or s < 1.0)
-        )
+        ])
 
     @property
     def shutdown_trays(self) -> int:
@@ -1513,7 +1515,8 @@ class CduPlant:
                 number of per-rack values or GPU array shape); nothing changes.
         """
         racks = self._racks
-        if len(racks) == 1 and isinstance(rack_power_w, int | float):
+        # (int, float): a tuple, not a union built on every step
+        if len(racks) == 1 and isinstance(rack_power_w, (int, float)):
             if not (0.0 <= rack_power_w <= self._p_in_max_w):
                 raise ValueError(f"rack_power_w {rack_power_w} outside [0, {self._p_in_max_w}]")
             powers = [rack_power_w]
@@ -1816,18 +1819,19 @@ class CduPlant:
         the limit switches (both 0 while the valves travel).
         """
         x_fb = 100.0 * self._x + self._valve_offset
-        run = max((n for n, tr in zip(self._n, self._tripped, strict=True) if not tr), default=0.0)
+        run = max([n for n, tr in zip(self._n, self._tripped, strict=True) if not tr],
+                  default=0.0)
         pumps: dict[str, float] = {}
-        for i, letter in enumerate(PUMP_LETTERS):
-            if i < self._n_pumps:
+        n_pumps = self._n_pumps
+        for i, (k_run, k_fault, k_speed, k_hours) in enumerate(_PUMP_KEYS):
+            if i < n_pumps:
                 n, tr = self._n[i], self._tripped[i]
-                pumps[f"pump_{letter}_running"] = 1.0 if (not tr and n > 0.01) else 0.0
-                pumps[f"pump_{letter}_fault"] = 1.0 if tr else 0.0
-                pumps[f"pump_{letter}_speed_pct"] = 100.0 * n
-                pumps[f"pump_{letter}_run_hours_h"] = self._run_h[i]
+                pumps[k_run] = 1.0 if (not tr and n > 0.01) else 0.0
+                pumps[k_fault] = 1.0 if tr else 0.0
+                pumps[k_speed] = 100.0 * n
+                pumps[k_hours] = self._run_h[i]
             else:
-                for k in ("running", "fault", "speed_pct", "run_hours_h"):
-                    pumps[f"pump_{letter}_{k}"] = 0.0
+                pumps[k_run] = pumps[k_fault] = pumps[k_speed] = pumps[k_hours] = 0.0
         return {
             **pumps,
             "reservoir_level_pct": self._s_level.value,

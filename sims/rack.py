@@ -421,6 +421,15 @@ class LeakSensors:
         self._rope_fault = False
         self._pan_fault = False
         self._leaked_l = 0.0
+        # No leak rate was ever set: every volume and wetting timer is still 0, so `step`
+        # has nothing to add and `state` reads dry (a fast path: most runs never leak).
+        self._idle = True
+
+    def _idle_dry(self) -> bool:
+        """True while `_idle` holds and the thresholds are positive (0 mL never wets)."""
+        p = self.params
+        return self._idle and (p.tray_threshold_ml > 0.0 and p.rope_threshold_ml > 0.0
+                               and p.drip_pan_threshold_ml > 0.0)
 
     def _tray(self, tray: int) -> int:
         if not (isinstance(tray, int) and 0 <= tray < self.n_trays):
@@ -437,10 +446,12 @@ class LeakSensors:
         """Leak ``leak_lpm`` L/min at compute tray ``tray`` (0 stops it; REFERENCE §5 S6:
         weep 0.2, QD failure 20). Raises ValueError for a bad tray or rate."""
         self._tray_lpm[self._tray(tray)] = self._rate(leak_lpm)
+        self._idle = False
 
     def set_rope_leak(self, leak_lpm: float) -> None:
         """Leak ``leak_lpm`` L/min at the CDU (onto its rope sensor). Raises ValueError."""
         self._rope_lpm = self._rate(leak_lpm)
+        self._idle = False
 
     def set_sensor_fault(self, sensor: LeakSensorName, fault: bool, tray: int | None = None
                          ) -> None:
@@ -474,6 +485,8 @@ class LeakSensors:
 
     def step(self, dt: float) -> None:
         """Accumulate ``dt`` s of leaking and advance the wetting timers."""
+        if self._idle_dry():
+            return  # nothing has leaked: the steps below would add 0 everywhere
         p = self.params
         k = dt * 1000.0 / 60.0  # L/min -> mL per step
         if self._tray_lpm.any():
@@ -492,6 +505,20 @@ class LeakSensors:
 
     def state(self) -> LeakState:
         """The sensors now (a faulted sensor reads dry and sets its fault flag)."""
+        if self._idle_dry():  # nothing has leaked: the same state without the array maths
+            return LeakState(
+                tray_leak=np.zeros(self.n_trays, dtype=bool),
+                tray_sensor_fault=self._tray_fault.copy(),
+                rope_leak=False,
+                rope_sensor_fault=self._rope_fault,
+                drip_pan_leak=False,
+                drip_pan_sensor_fault=self._pan_fault,
+                tray_leaked_ml=self._tray_ml.copy(),
+                rope_leaked_ml=self._rope_ml,
+                drip_pan_ml=self._pan_ml,
+                leak_lpm=0.0,
+                leaked_l=self._leaked_l,
+            )
         d = self.params.wetting_delay_s - 1e-9
         tray_wet = (self._tray_ml >= self.params.tray_threshold_ml) & (self._tray_wet_s >= d)
         rope = self._rope_ml >= self.params.rope_threshold_ml and self._rope_wet_s >= d

@@ -35,7 +35,7 @@ from typing import Any
 
 from rackplane.alarms import AlarmDef, AlarmEngine, AlarmEvent
 from rackplane.errors import CommandError
-from rackplane.samples import Sample
+from rackplane.samples import Sample, fresh_value
 from valvey.capacity import CapacityGuard, CapacityStep
 from valvey.config import CduPoints, ControlSettings, ValveyConfig
 from valvey.feedforward import DynamicFeedforward
@@ -50,6 +50,7 @@ from valvey.valves import ValveManager, ValveUnit
 HEARTBEAT_MODULUS = 65536  # a uint16 register
 SLOW_TICKS = 5
 """Safety (leaks, interlocks) runs every 5th 10 Hz tick (0.5 s)."""
+_SENSOR_FAULTY = frozenset(("bad", "frozen", "disagree", "drift", "out_of_range"))
 
 #: Numeric codes of the winning constraint (time series: string fields do not survive every
 #: store, DESIGN §3).
@@ -256,6 +257,10 @@ class ValveyCore:
         self._n_tick = 0
         self._queued: list[tuple[str, float]] = []
         self._samples: Mapping[str, Sample] = {}
+        self._sensor_fault_ids = {p: f"supply_sensor_fault.{p}" for p in self.voter.points}
+        # the quiet version of the last slow safety decision, (decision, quiet): the same
+        # immutable SafetyStep serves the 4 fast ticks in between
+        self._quiet: tuple[SafetyStep, SafetyStep] | None = None
 
     @classmethod
     def from_config(cls, cfg: ValveyConfig, start_mono: float, *,
@@ -271,12 +276,7 @@ class ValveyCore:
                stale_s: float = 3.0) -> float | None:
         if name is None:
             return None
-        s = samples.get(name)
-        if s is None or not s.usable:
-            return None
-        if s.age_s(now) > self._stale_of.get(name, stale_s):
-            return None
-        return s.value
+        return fresh_value(samples.get(name), now, self._stale_of.get(name, stale_s))
 
     def readback_pct(self, samples: Mapping[str, Sample]) -> float | None:
         """The active valve's read-back: its command register, else its position feedback."""
@@ -387,22 +387,27 @@ class ValveyCore:
         trans: list[str] = []
         events: list[dict[str, Any]] = []
         # 1. supply sensors
+        flow_s = samples.get(pts.flow or "")
         vr = self.voter.vote(now, samples, samples.get(pts.return_temp or ""),
-                             samples.get(pts.heat_removed or ""), samples.get(pts.flow or ""))
+                             samples.get(pts.heat_removed or ""), flow_s)
         self._vote = vr
-        trans += vr.transitions
+        if vr.transitions:
+            trans += vr.transitions
         pv = vr.pv
-        if pv is not None and pv.usable:
+        pv_c = pv.value if pv is not None and pv.usable else None
+        if pv_c is not None:
+            assert pv is not None
             self._last_good_pv_mono = pv.t_mono
-        flow = self._fresh(samples, pts.flow, now)
+        flow = None if pts.flow is None else fresh_value(
+            flow_s, now, self._stale_of.get(pts.flow, 3.0))  # self._fresh(.., pts.flow, ..)
         # 2. pumps
         isolated = self._safety.isolated if self._safety is not None else False
         ps = self.pumps.step(now, samples, isolated=isolated)
         self._pump = ps
-        trans += ps.transitions
+        if ps.transitions:
+            trans += ps.transitions
         # 3. safety
         sp_eff = self.loop.effective_setpoint_c
-        pv_c = pv.value if pv is not None and pv.usable else None
         # Safety runs every SLOW_TICKS ticks (0.5 s): its inputs are 1 Hz MQTT leak messages
         # and second-scale delays; a pump failure (0.1 s) is the pump manager's.
         self._n_tick += 1
@@ -415,7 +420,10 @@ class ValveyCore:
             trans += ss.transitions
             events += ss.events
         else:
-            ss = self._safety_quiet(self._safety)
+            quiet = self._quiet
+            if quiet is None or quiet[0] is not self._safety:  # once per slow tick
+                quiet = self._quiet = (self._safety, self._safety_quiet(self._safety))
+            ss = quiet[1]
         # 4. supply loop (feedforward and the dew-point floor once per loop period)
         period = self.loop.settings.period_s
         if self._t_ff is None or now - self._t_ff >= period - 0.05:
@@ -423,9 +431,12 @@ class ValveyCore:
             self._ff_pct = self.ff.update(now, samples.get(cfg.safety.rack_power),
                                           samples.get(pts.heat_removed or ""))
             self._selector(now, samples)
-        self.loop.set_hold(ss.isolated, "isolated")
-        ls = self.loop.step(now, pv, self.readback_pct(samples), self._ff_pct)
-        trans += ls.transitions
+        loop = self.loop
+        if ss.isolated != loop.held:
+            loop.set_hold(ss.isolated, "isolated")
+        ls = loop.step(now, pv, self.readback_pct(samples), self._ff_pct)
+        if ls.transitions:
+            trans += ls.transitions
         if ls.pid_updated or (ls.mode in ("manual", "failsafe") and ls.write):
             self.step_test.record(now, ls.pv_c)
         if self.step_test.running and self._t_ff == now:
@@ -473,7 +484,8 @@ class ValveyCore:
             self._hunting()
         # 5. valves
         vs = self.valves.step(now, samples, self.loop.command_pct)
-        trans += vs.transitions
+        if vs.transitions:
+            trans += vs.transitions
         if vs.writes:
             writes += vs.writes
             self._last_written_point = self.valves.active_unit.command
@@ -614,9 +626,9 @@ class ValveyCore:
                     vr: VoterResult, ps: PumpStep, valve_cond: Mapping[str, bool],
                     ss: SafetyStep) -> tuple[dict[str, bool], dict[str, float]]:
         cond = dict(ls.conditions)
+        keys = self._sensor_fault_ids
         for p, status in vr.status.items():
-            cond[f"supply_sensor_fault.{p}"] = status in ("bad", "frozen", "disagree",
-                                                           "drift", "out_of_range")
+            cond[keys[p]] = status in _SENSOR_FAULTY
         cond["feedforward_source_lost"] = (self.ff.settings.enabled
                                            and self.ff.source != self.ff.settings.source)
         cond["dew_point_floor_active"] = ls.constraint == "dew_point_floor"
@@ -630,9 +642,10 @@ class ValveyCore:
         cond.update(ss.conditions)
         cap = self._cap
         cond["rack_power_capped"] = cap is not None and cap.cap_w is not None
-        unanswered = max((self.requests.unanswered_s(k, now)
-                          for k in ("power_down_trays", "power_down_rack", "cap_rack")),
-                         default=0.0)
+        rq = self.requests
+        unanswered = max(rq.unanswered_s("power_down_trays", now),
+                         rq.unanswered_s("power_down_rack", now),
+                         rq.unanswered_s("cap_rack", now))
         cond["racky_request_unanswered"] = unanswered >= self.cfg.racky.alarm_after_s
         values: dict[str, float] = {"supply_temp_deviation": ls.deviation_c or 0.0}
         if ls.pv_c is not None:

@@ -50,7 +50,7 @@ from pydantic import Field, model_validator
 
 from rackplane.config import StrictModel
 from rackplane.pid import PidLoop, PidSettings
-from rackplane.samples import Sample
+from rackplane.samples import Sample, fresh_value, slots_constructor
 
 __all__ = ["PumpLoopSettings", "PumpManager", "PumpSettings", "PumpStep", "PumpUnit"]
 
@@ -209,6 +209,9 @@ class PumpStep:
     trip: tuple[str, str] | None = None
 
 
+_new_pump_step = slots_constructor(PumpStep)  # PumpStep(...) on every tick, all fields
+
+
 @dataclass(slots=True)
 class _Trip:
     count_flow: int = 0
@@ -226,10 +229,7 @@ class _Events:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _val(s: Sample | None, now: float, stale_s: float) -> float | None:
-    if s is None or not s.usable or s.age_s(now) > stale_s:
-        return None
-    return s.value
+_val = fresh_value  # value if usable and fresh, else None
 
 
 class PumpManager:
@@ -285,6 +285,7 @@ class PumpManager:
         self.override_active = False
         self._pv_status = "missing"
         self._failover_since: float | None = None
+        self._fault_ids = [f"pump_{u.name}_fault" for u in self.units]  # alarm ids
 
     # --- settings --------------------------------------------------------------------------
 
@@ -431,7 +432,9 @@ class PumpManager:
         # change made at the CDU's panel, or the first reading after start).
         if p.duty_select is not None:
             d = _val(samples.get(p.duty_select), now, st)
-            di = round(d) if d is not None and 0 <= round(d) < len(self.units) else None
+            di = None if d is None else round(d)
+            if di is not None and not 0 <= di < len(self.units):
+                di = None
             if self._duty_cmd_t is not None:
                 if di == self._duty:
                     self._duty_cmd_t = None
@@ -457,7 +460,8 @@ class PumpManager:
         flow = _val(samples.get(self.flow_point), now, st) if self.flow_point else None
         dp = _val(samples.get(self.dp_point), now, st) if self.dp_point else None
         # --- failure of the duty pump ---
-        reason = None if not self._duty_known else self._duty_failure(now, samples, flow, dp)
+        reason = None if not self._duty_known else self._duty_failure(now, samples, flow, dp,
+                                                                     faults)
         if reason is not None and self._duty not in self._failed:
             self._failed[self._duty] = reason
             name = self.unit_names[self._duty]
@@ -512,8 +516,9 @@ class PumpManager:
                 self._pending.append("pumps:handoff_done")
         # references for collapse detection (healthy, steady operation only)
         self._update_refs(now, flow, dp)
-        # rotation by run hours
-        self._rotation(now, samples, faults)
+        # rotation by run hours (nothing to do before the next check is due)
+        if self._next_rotation is None or now >= self._next_rotation:
+            self._rotation(now, samples, faults)
         # --- the speed loop (once per period) ---
         if self._t_period is None or now - self._t_period >= s.period_s - 0.05:
             dt = None if self._t_period is None else now - self._t_period
@@ -524,21 +529,22 @@ class PumpManager:
         elif self._force_write and self._cmd is not None and self._decide_write():
             writes.append((p.speed_command, self._cmd))
         conditions = self._conditions(now, faults, flow)
-        trans, self._pending = tuple(self._pending), []
-        return PumpStep(writes, self._cmd, self._duty, self._constraint, conditions, trans,
-                        trip)
+        trans: tuple[str, ...] = ()
+        if self._pending:
+            trans, self._pending = tuple(self._pending), []
+        return _new_pump_step(writes, self._cmd, self._duty, self._constraint, conditions,
+                              trans, trip)
 
     # --- internals -------------------------------------------------------------------------
 
     def _duty_failure(self, now: float, samples: Mapping[str, Sample], flow: float | None,
-                      dp: float | None) -> str | None:
+                      dp: float | None, faults: Mapping[int, float | None]) -> str | None:
         p = self.p
         u = self.units[self._duty]
         st = p.stale_after_s
-        if u.fault is not None:
-            f = _val(samples.get(u.fault), now, st)
-            if f is not None and f >= 0.5:
-                return "vfd_fault"
+        f = faults[self._duty]  # the duty pump's fault bit, read this tick
+        if f is not None and f >= 0.5:
+            return "vfd_fault"
         in_handoff = self._handoff_since is not None
         r = _val(samples.get(u.running), now, st) if u.running is not None else None
         if r is not None and r < 0.5 and not in_handoff and self._selected_at is not None \
@@ -761,10 +767,10 @@ class PumpManager:
                     ) -> dict[str, bool]:
         out: dict[str, bool] = {}
         healthy = 0
-        for i, u in enumerate(self.units):
+        for i, aid in enumerate(self._fault_ids):
             f = faults.get(i)
             bad = i in self._failed or (f is not None and f >= 0.5)
-            out[f"pump_{u.name}_fault"] = bad
+            out[aid] = bad
             healthy += 0 if bad else 1
         out["pump_redundancy_lost"] = len(self.units) > 1 and healthy < 2
         out["pump_no_standby"] = self.no_standby

@@ -52,7 +52,7 @@ from rackplane.alarms import AlarmDef, ThresholdDetector
 from rackplane.config import StrictModel
 from rackplane.errors import CommandError
 from rackplane.pid import PidLoop, PidOutput, PidSettings
-from rackplane.samples import Quality, Sample
+from rackplane.samples import Quality, Sample, slots_constructor
 
 TICK_S = 0.1
 """The daemons' control tick (DESIGN §3: 10 Hz); slower loops run at a multiple of it."""
@@ -243,6 +243,9 @@ class LoopStep:
     constraint: str = "setpoint"
 
 
+_new_loop_step = slots_constructor(LoopStep)  # built on every tick
+
+
 def default_alarm_defs() -> list[AlarmDef]:
     """Alarm definitions for the loop's conditions (REFERENCE §8 and §1.5 defaults)."""
     return [
@@ -290,6 +293,8 @@ def default_alarm_defs() -> list[AlarmDef]:
 
 def _is_finite_number(value: object) -> bool:
     """A real number (numpy scalars included, bool excluded) that is finite."""
+    if value.__class__ is float:  # the per-tick case, without the ABC isinstance check
+        return math.isfinite(value)
     return (
         isinstance(value, numbers.Real)
         and not isinstance(value, bool)
@@ -566,10 +571,13 @@ class SupplyLoop:
             ValueError: time not finite or going backwards, non-finite feedforward (a caller
                 bug; the loop state is unchanged).
         """
-        now = _finite_or_value_error("now_mono", now_mono)
+        # (the finite-float case inline: this runs on every 10 Hz tick)
+        now = now_mono if now_mono.__class__ is float and math.isfinite(now_mono) else (
+            _finite_or_value_error("now_mono", now_mono))
         if self._t_last is not None and now < self._t_last:
             raise ValueError(f"monotonic time went backwards: {now} < {self._t_last}")
-        ff = _finite_or_value_error("feedforward_pct", feedforward_pct)
+        ff = feedforward_pct if feedforward_pct.__class__ is float and math.isfinite(
+            feedforward_pct) else _finite_or_value_error("feedforward_pct", feedforward_pct)
         self._t_last = now
         s = self._s
         readback: float | None = None
@@ -602,7 +610,9 @@ class SupplyLoop:
             self._ramp_setpoint(dt_period)
             pid_updated = self._period(now, dt_period, pv_value, readback, ff)
             write = self._decide_write()
-        transitions, self._pending = tuple(self._pending), []
+        transitions: tuple[str, ...] = ()
+        if self._pending:
+            transitions, self._pending = tuple(self._pending), []
 
         last = self._pid.last
         conditions = {
@@ -612,25 +622,25 @@ class SupplyLoop:
             SUPPLY_VALVE_SATURATED: self._mode == "auto" and last is not None and last.saturated,
             SUPPLY_LOOP_INITIALISING: self._mode == "initialising",
         }
-        return LoopStep(
-            t_mono=now,
-            mode="shadow" if self._shadow else self._mode,
-            control_mode=self._mode,
-            command_pct=self._command,
-            write=write,
-            pid_updated=pid_updated,
-            pid=last,
-            setpoint_c=self._sp_used,
-            pv_c=pv_value,
-            pv_status=status,
-            pv_quality=None if pv is None else pv.quality,
-            pv_age_s=None if pv is None else pv.age_s(now),
-            deviation_c=deviation,
-            bad_periods=self._bad_periods,
-            conditions=conditions,
-            transitions=transitions,
-            setpoint_target_c=self._setpoint,
-            constraint=self._constraint,
+        return _new_loop_step(  # LoopStep(...), every field in order
+            now,  # t_mono
+            "shadow" if self._shadow else self._mode,  # mode
+            self._mode,  # control_mode
+            self._command,  # command_pct
+            write,
+            pid_updated,
+            last,  # pid
+            self._sp_used,  # setpoint_c
+            pv_value,  # pv_c
+            status,  # pv_status
+            None if pv is None else pv.quality,  # pv_quality
+            None if pv is None else pv.age_s(now),  # pv_age_s
+            deviation,  # deviation_c
+            self._bad_periods,  # bad_periods
+            conditions,
+            transitions,
+            self._setpoint,  # setpoint_target_c
+            self._constraint,  # constraint
         )
 
     # --- internals -------------------------------------------------------------------------
@@ -776,12 +786,11 @@ class SupplyLoop:
             return "stale", None
         if pv.quality is Quality.OUT_OF_RANGE:
             return "out_of_range", None
-        if not pv.usable:
-            return "bad", None
-        assert pv.value is not None
-        if pv.age_s(now) > s.stale_after_s:
-            return "stale", None
         v = pv.value
+        if pv.quality is not Quality.GOOD or v is None or not math.isfinite(v):
+            return "bad", None  # not pv.usable
+        if max(0.0, now - pv.t_mono) > s.stale_after_s:  # pv.age_s(now)
+            return "stale", None
         if not s.pv_valid_min_c <= v <= s.pv_valid_max_c:
             return "out_of_range", None
         if s.pv_frozen_after_s is not None:

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import Field
 
 from rackplane.config import StrictModel
-from rackplane.samples import Sample
+from rackplane.samples import Sample, fresh_value, slots_constructor
 
 __all__ = ["ValveManager", "ValveSettings", "ValveStep", "ValveUnit"]
 
@@ -76,6 +76,9 @@ class ValveStep:
     failed_now: str | None = None
 
 
+_new_valve_step = slots_constructor(ValveStep)  # ValveStep(...), every tick, all fields
+
+
 class _Check:
     __slots__ = ("expected", "mismatch", "since", "t")
 
@@ -86,10 +89,7 @@ class _Check:
         self.mismatch = 0.0
 
 
-def _val(s: Sample | None, now: float, stale: float) -> float | None:
-    if s is None or not s.usable or s.age_s(now) > stale:
-        return None
-    return s.value
+_val = fresh_value  # value if usable and fresh, else None
 
 
 class ValveManager:
@@ -114,6 +114,7 @@ class ValveManager:
         self._pending: list[str] = []
         self.detected_t: float | None = None
         self.failover_t: float | None = None
+        self._fault_ids: dict[str, str] = {}
 
     @property
     def active(self) -> int:
@@ -196,12 +197,13 @@ class ValveManager:
         writes: list[tuple[str, float]] = []
         failed_now = None
         rate = 100.0 / s.stroke_time_s
+        stale_s = s.stale_after_s
         for i, u in enumerate(self.units):
             c = self._checks[i]
-            cmd = _val(samples.get(u.command), now, s.stale_after_s)
+            cmd = _val(samples.get(u.command), now, stale_s)
             if cmd is None:
                 cmd = self._written.get(i)
-            fb = _val(samples.get(u.position), now, s.stale_after_s) if u.position else None
+            fb = _val(samples.get(u.position), now, stale_s) if u.position else None
             if cmd is None or fb is None:
                 c.since = None
                 c.expected = fb
@@ -239,11 +241,16 @@ class ValveManager:
                 c.since = None
         cond: dict[str, bool] = {}
         for i, u in enumerate(self.units):
-            cond[f"valve_{u.name}_fault"] = i in self._failed
+            aid = self._fault_ids.get(u.name)
+            if aid is None:  # alarm ids built once per valve name, not per tick
+                aid = self._fault_ids[u.name] = f"valve_{u.name}_fault"
+            cond[aid] = i in self._failed
         cond["valve_failover"] = self._active != 0
         cond["valve_no_spare"] = self._active in self._failed
-        trans, self._pending = tuple(self._pending), []
-        return ValveStep(writes, self._active, cond, trans, failed_now)
+        trans: tuple[str, ...] = ()
+        if self._pending:
+            trans, self._pending = tuple(self._pending), []
+        return _new_valve_step(writes, self._active, cond, trans, failed_now)
 
     def _spare(self) -> int | None:
         if not self.s.second_valve:
