@@ -11,8 +11,10 @@ Usage::
 1 Hz), each publish one more plant second of the rack, spread evenly over the second. The
 payloads are generated and serialised before the clock starts, so the generator's cost does
 not load the host during the measurement. ``flood``: rack1's trays, ``COUNT`` messages, as
-fast as the client can write them. OUT_JSON gets the counts, the samples per message (every
-numeric or boolean leaf of a payload) and the achieved rate.
+fast as the client can write them; every message is a fresh one (each plant second of the rack
+once, ``ts_ns`` and counters advancing, all generated before the clock starts), so a
+subscriber that refuses duplicates does its full work on each. OUT_JSON gets the counts, the
+samples per message (every numeric or boolean leaf of a payload) and the achieved rate.
 """
 
 from __future__ import annotations
@@ -41,11 +43,16 @@ def count_samples(x: Any) -> int:
     return 1 if isinstance(x, int | float) else 0
 
 
-def frames(rack: int, n_seconds: int) -> tuple[list[list[tuple[str, bytes]]], int]:
-    """``n_seconds`` plant seconds of rack ``rack`` (1-based) as (topic, payload) lists, and
+def frames(rack: int, n_seconds: int | None = None, *, n_messages: int | None = None
+           ) -> tuple[list[list[tuple[str, bytes]]], int]:
+    """``n_seconds`` plant seconds of rack ``rack`` (1-based) as (topic, payload) lists (one
+    per tray and second), or with ``n_messages`` enough seconds for that many messages; and
     the samples per message of the first frame."""
     ident = Identity(rack=f"rack{rack}")
     vr = VirtualRack(seed=rack, fabric="on")
+    if n_messages is not None:
+        n_seconds = -(-n_messages // vr.compute.n_trays)
+    assert n_seconds is not None
     vr.warm_start()
     base = f"rackplane/{ident.site}/{ident.rack}/sim/telemetry"
     out = []
@@ -113,13 +120,16 @@ def rate(host: str, port: int, n_racks: int, mult: int, duration_s: float, out: 
 
 
 def flood(host: str, port: int, count: int, out: Path) -> None:
-    fr, samples = frames(1, 20)
+    # every flooded message is a distinct plant second of its tray (no duplicate for the
+    # subscriber to refuse as stale): generated and serialised before the clock starts
+    fr, samples = frames(1, n_messages=count)
     msgs = [m for f in fr for m in f]
+    del fr
     c = _client(host, port, f"bench-flood-{time.monotonic_ns()}")
     t0 = time.monotonic()
     published = 0
     for k in range(count):
-        topic, payload = msgs[k % len(msgs)]
+        topic, payload = msgs[k]
         if c.publish(topic, payload, qos=0).rc == paho.MQTT_ERR_SUCCESS:
             published += 1
     wall = time.monotonic() - t0

@@ -62,7 +62,7 @@ from racky.discovery import DiscoveryPlan
 from racky.lifecycle import StateStore
 from racky.power import AgentCommand
 from racky.report import write_report
-from racky.telemetry import PayloadError, StaleMessage, TelemetryIngest
+from racky.telemetry import PayloadError, StaleMessage, TelemetryIngest, decode_payload
 from racky.thermal import CoolingReading
 from racky.validation import ValidationResult
 
@@ -71,7 +71,7 @@ _SEVERITY_CODE = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}
 _EVENT_KINDS = ["raised", "cleared", "acked", "shelved", "unshelved", "returned"]
 MAX_INPUT_PAYLOAD_BYTES = 1 << 20
 """Largest node-agent / cooling payload racky parses (bytes): a tray message of an NVL72
-tray is ~13 kB; a larger one is refused before ``json.loads`` (parsing tens of MB would stall
+tray is ~13 kB; a larger one is refused before it is decoded (parsing tens of MB would stall
 the tick)."""
 
 
@@ -261,7 +261,7 @@ class Racky:
                 raise PayloadError(f"topic {thing!r}: not <prefix><tray index>")
             if len(msg.payload) > MAX_INPUT_PAYLOAD_BYTES:
                 raise PayloadError(f"payload: more than {MAX_INPUT_PAYLOAD_BYTES} bytes")
-            payload = json.loads(msg.payload.decode("utf-8"))
+            payload = decode_payload(msg.payload)
             self.ingest.tray_payload(payload, t, retained=msg.retain,
                                      expected_tray=int(suffix))
         except StaleMessage as err:

@@ -28,6 +28,9 @@ sensor, BER before any traffic) is ``null``, never NaN (DESIGN §3). Tray, GPU, 
 indices are 0-based (GPU ``g`` is on tray ``g // 4``; port names are the fabric's,
 ``gpu07/nvl03``).
 
+The node-agent tray contract (`TrayTelemetry`, `AgentTelemetry`, `GpuTelemetry`, `PortBlock`)
+is defined once in `rackplane.tray_contract` (racky reads it too) and re-exported here.
+
 ``python -m sims.telemetry --write-schemas`` regenerates ``sims/schemas/*.schema.json``;
 ``--check-schemas`` exits 1 when one is stale (a test does the same).
 """
@@ -47,16 +50,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rackplane.commands import CommandArgs
 from rackplane.settings import Identity
+from rackplane.tray_contract import AgentTelemetry, GpuTelemetry, PortBlock, TrayTelemetry
 from sims.row import VirtualRack
 
 __all__ = [
     "SCHEMA_DIR",
+    "AgentTelemetry",
     "EnvTelemetry",
     "FacesState",
     "FaultsState",
     "GetPowerLimitsArgs",
+    "GpuTelemetry",
     "NodeAgentsState",
     "PlantTelemetry",
+    "PortBlock",
     "PowerTelemetry",
     "RackTelemetry",
     "ScenarioState",
@@ -150,72 +157,6 @@ class RackTelemetry(_Stamped):
     flow_lpm: float
     brownout: bool
     leak: LeakTelemetry
-
-
-class PortBlock(_Payload):
-    """One GPU's link ports, columnar: every list has one entry per port, in ``names`` order
-    (`sims.fabric.LinkFabric.snapshot`; counters in their native widths)."""
-
-    names: list[str]
-    nvlink: list[bool]
-    link_up: list[bool]
-    speed_mb_per_s: list[float]
-    tx_bytes_per_s: list[float]
-    rx_bytes_per_s: list[float]
-    ber: list[float | None] = Field(description="pre-FEC BER since the last reset; null: unknown")
-    counters: dict[str, list[int]]
-
-
-class GpuTelemetry(_Payload):
-    """One GPU of a tray."""
-
-    gpu: int = Field(description="rack-wide GPU index, 0-based")
-    power_w: float = Field(description="drawn (after throttling)")
-    demand_w: float = Field(description="what the workload asked")
-    request_w: float = Field(description="what the node agent let through")
-    temp_c: float = Field(description="junction temperature")
-    plate_temp_c: float
-    t_limit_c: float = Field(description="T.Limit margin = T_maxop − Tj (REFERENCE §1.6)")
-    throttled: bool
-    shut_down: bool
-    traffic: float = Field(description="offered link traffic, 0..1")
-    uptime_s: float | None = None
-    boot_id: int | None = None
-    ports: PortBlock | None = None
-
-
-class AgentTelemetry(_Payload):
-    """The tray's node agent (`sims.rack.NodeAgentStatus`)."""
-
-    enforced_gpu_cap_w: float
-    enforced_tray_cap_w: float
-    floor_w: float
-    power_cap_w: float | None
-    gpu_power_cap_w: float | None
-    power_floor_pct: float
-    ramp_up_w_per_s: float | None
-    ramp_down_w_per_s: float | None
-    ramp_down_hysteresis_s: float
-    capping: bool
-    flooring: bool
-    ramp_limited: bool
-
-
-class TrayTelemetry(_Stamped):
-    """``telemetry/trayNN``: one compute tray, its agent and GPUs (one message per tray per
-    interval)."""
-
-    model_config = ConfigDict(title="sim telemetry/tray")
-
-    tray: int
-    powered: bool
-    power_w: float
-    coolant_out_temp_c: float
-    leak: bool
-    leak_sensor_fault: bool
-    cold_plate_conductance_factor: float = Field(description="1 = clean (simulator truth)")
-    agent: AgentTelemetry
-    gpus: list[GpuTelemetry]
 
 
 class PsuTelemetry(_Payload):

@@ -52,6 +52,8 @@ def _importers(prefix: str) -> set[str]:
     ("simple_pid", {"rackplane/pid.py"}),
     ("prometheus_client", {"rackplane/selfmetrics.py"}),
     ("serial", {"rackplane/modbus.py"}),
+    ("msgspec", {"rackplane/tray_contract.py"}),
+    ("orjson", set()),  # replaced by msgspec (one library for one job)
 ])
 def test_each_library_has_one_adapter(library: str, allowed: set[str]) -> None:
     assert _importers(library) <= allowed

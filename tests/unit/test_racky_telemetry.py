@@ -156,3 +156,157 @@ def test_duplicate_reordered_and_retained_messages_are_not_taken_as_fresh(
     p2["ts_ns"] = p1["ts_ns"] - CLOCK_STEP_BACK_NS - 1
     ing.tray_payload(p2, 13.0)
     assert ing.trays[3].t_mono == 13.0 and ing.clock_steps == 1
+
+
+def _leaf_paths(x: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [path]
+    if isinstance(x, dict):
+        for k, v in x.items():
+            out += _leaf_paths(v, (*path, k))
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            out += _leaf_paths(v, (*path, i))
+    return out
+
+
+def _outcome(ing: TelemetryIngest, p: Any, t: float) -> tuple[Any, ...]:
+    try:
+        r = ing.tray_payload(p, t)
+        res: tuple[Any, ...] = ("ok", r.power_w, repr(r.agent),
+                                r.gpu_power_w.tobytes(), r.gpu_demand_w.tobytes(),
+                                r.gpu_uptime_s.tobytes(), r.gpu_boot_id.tobytes(),
+                                r.gpu_throttled.tobytes())
+    except PayloadError as err:
+        res = ("refused", str(err))
+    f = ing.frame
+    if f is None:
+        return res
+    return (*res, tuple(f.names), f.is_nvlink.tobytes(), f.link_up.tobytes(),
+            f.speed_mb_per_s.tobytes(), f.tx_bytes_per_s.tobytes(), f.rx_bytes_per_s.tobytes(),
+            f.ber.tobytes(), f.cable_temp_c.tobytes(), f.counters.tobytes(),
+            f.counter_seen.tobytes(), f.uptime_s.tobytes(), f.boot_id.tobytes(),
+            f.t_mono.tobytes(), f.version)
+
+
+def _mutations(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    import random
+
+    bad_values: list[object] = [None, True, False, -1, -1.5, 1.5, 2**64, 2**63, "x",
+                                float("nan"), float("inf"), [], {}, 0, 1, 10**400]
+    rng = random.Random(3)
+    cases: list[dict[str, Any]] = []
+    for k, p in enumerate(payloads):
+        cases.append(p)
+        paths = [q for q in _leaf_paths(p) if q]
+        for _ in range(40 if k < 6 else 3):
+            q = copy.deepcopy(p)
+            path = rng.choice(paths)
+            node: Any = q
+            for key in path[:-1]:
+                node = node[key]
+            if isinstance(node, dict) and rng.random() < 0.2:
+                del node[path[-1]]
+            elif isinstance(node, dict) and rng.random() < 0.05:
+                node["unknown_field"] = 1  # the contract forbids it, racky ignores it
+            else:
+                node[path[-1]] = rng.choice(bad_values)
+            cases.append(q)
+    return cases
+
+
+def test_typed_path_agrees_with_the_per_field_checks_on_mutated_payloads(
+        payloads: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The typed path (msgspec Struct + `_parse_struct`, `_ports_struct`) accepts, refuses and
+    writes exactly what the per-GPU, per-list checks do: every payload, and hundreds of single
+    mutations (wrong types, bools for numbers, NaN/inf, negatives, out-of-range integers,
+    deleted keys, unknown fields), go through an ingest with and one without the typed path;
+    outcomes, error messages and frames must be identical."""
+    import racky.telemetry as tm
+
+    cases = _mutations(payloads)
+    fast, slow = _ingest(), _ingest()
+    seen = {"typed": 0}
+    real = tm.TelemetryIngest._parse_struct
+
+    def counting(self: TelemetryIngest, *a: Any) -> Any:
+        out = real(self, *a)
+        seen["typed"] += out is not None
+        return out
+
+    refused = 0
+    for i, case in enumerate(cases):
+        t = float(i + 1)
+        a_case = {**case, "ts_ns": i} if isinstance(case, dict) else case
+        monkeypatch.setattr(tm.TelemetryIngest, "_parse_struct", counting)
+        a = _outcome(fast, copy.deepcopy(a_case), t)
+        monkeypatch.setattr(tm.TelemetryIngest, "_parse_struct", lambda *_: None)
+        b = _outcome(slow, copy.deepcopy(a_case), t)
+        monkeypatch.undo()
+        assert a == b, f"case {i}: typed {a[:2]} != per-field {b[:2]}"
+        refused += a[0] == "refused"
+    assert fast.errors == slow.errors == refused
+    assert 0 < refused < len(cases) and seen["typed"] > len(payloads)
+
+
+def test_bytes_decode_agrees_with_the_per_field_checks(
+        payloads: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the daemon receives them (`decode_payload` on the bytes, then `tray_payload`): the
+    same outcome and frame as the per-field checks on the same JSON, and the refusal names
+    the same key path (its text may show an int as the float the Struct holds); NaN /
+    Infinity literals are refused as not JSON."""
+    import racky.telemetry as tm
+
+    fast, slow = _ingest(), _ingest()
+    typed = 0
+    for i, case in enumerate(_mutations(payloads)):
+        raw = json.dumps({**case, "ts_ns": i}).encode()
+        t = float(i + 1)
+        if b"NaN" in raw or b"Infinity" in raw:
+            with pytest.raises(PayloadError, match="not valid JSON"):
+                tm.decode_payload(raw)
+            continue
+        decoded = tm.decode_payload(raw)
+        typed += type(decoded) is not dict
+        a = _outcome(fast, decoded, t)
+        monkeypatch.setattr(tm.TelemetryIngest, "_parse_struct", lambda *_: None)
+        b = _outcome(slow, json.loads(raw), t)
+        monkeypatch.undo()
+        if a[0] == "refused":
+            assert b[0] == "refused" and a[1].split(":")[0] == b[1].split(":")[0], (i, a[1], b[1])
+            assert a[2:] == b[2:], f"case {i}"
+        else:
+            assert a == b, f"case {i}: bytes {a[:2]} != per-field {b[:2]}"
+    assert typed > len(payloads) and fast.errors == slow.errors
+
+
+def test_not_json_is_refused_naming_the_payload() -> None:
+    from racky.telemetry import decode_payload
+
+    for raw in (b"{", b"[NaN]", b'{"power_w": 1e400}', b"\xff\xfe"):
+        with pytest.raises(PayloadError, match="payload: not valid JSON"):
+            decode_payload(raw)
+
+
+def test_generated_structs_read_a_payload_as_the_pydantic_contract_does(
+        payloads: list[dict[str, Any]]) -> None:
+    """The msgspec Structs are generated from the contract's models: a simulator payload
+    decodes to the same values as `TrayTelemetry` validates it to, and the Structs refuse
+    what the models forbid (unknown and missing required fields), naming the key path."""
+    from rackplane.tray_contract import (
+        TrayShapeError,
+        TrayTelemetry,
+        decode_tray,
+        struct_to_builtins,
+    )
+
+    p = payloads[5]
+    got = struct_to_builtins(decode_tray(json.dumps(p).encode()))
+    assert got == TrayTelemetry.model_validate(p).model_dump()
+    extra = copy.deepcopy(p)
+    extra["gpus"][2]["surprise"] = 1
+    with pytest.raises(TrayShapeError, match=r"surprise.*\$\.gpus\[2\]"):
+        decode_tray(json.dumps(extra).encode())
+    missing = copy.deepcopy(p)
+    del missing["gpus"][1]["ports"]["names"]
+    with pytest.raises(TrayShapeError, match=r"names.*\$\.gpus\[1\]\.ports"):
+        decode_tray(json.dumps(missing).encode())
