@@ -110,22 +110,20 @@ from rackplane.config import StrictModel, read_toml, validate_data
 from rackplane.errors import ConfigError
 from sims.cdu import CduParams, CduPlant
 from sims.environment import EnvironmentParams
-from sims.loads import (
-    AgenticBurstLoad,
-    ConstantLoad,
-    LoadProfile,
-    StepLoad,
-    TimelineLoad,
-    TrainingSquareWave,
-)
 from sims.power import PowerShelfParams
 from sims.rack import ComputeRackParams, NodeAgentSettings
 from sims.row import FabricMode, FabricUnavailable, VirtualRack, VirtualRackParams
 from sims.workloads import (
+    AgenticBurstLoad,
     AgenticWorkload,
     BurnInWorkload,
+    ConstantLoad,
     IdleWorkload,
+    LoadProfile,
     RackPowerWorkload,
+    StepLoad,
+    TimelineLoad,
+    TrainingSquareWave,
     TrainingWorkload,
     Workload,
 )

@@ -1,6 +1,23 @@
-"""Per-GPU workloads: power demand and link traffic for every GPU of a rack, seeded.
+"""Rack power profiles and per-GPU workloads: what the virtual rack is asked to draw, seeded.
 
-A `Workload` answers, for plant time ``t_s``:
+Two layers, one module (they share their validators and the §4.6 concurrency swell):
+
+**Rack IT power profiles** (`LoadProfile`): ``power_w(t_s)`` at plant time ``t_s`` (s), W, in
+``[0, rack_max_power_w]`` (REFERENCE §1.3, §4.5, §4.6, §5 S1/S2). They drive the CDU plant
+directly (valvey's lock-step) and, through `RackPowerWorkload`, the rack model.
+
+* `ConstantLoad` — one power.
+* `StepLoad` — S1's 30 % → 100 % step (39.6 → 132 kW on an NVL72 rack), optionally back down.
+* `TimelineLoad` — piecewise (t_s, power_w) points, held or ramped between points.
+* `AgenticBurstLoad` — §4.6 Markov-modulated bursts: lognormal burst/gap dwell times, per-GPU
+  state power fractions, a concurrency swell of 5–15 min period.
+* `TrainingSquareWave` — synchronous training: compute/communication square wave, 1–10 s.
+
+Every profile is a pure function of time once built (random ones draw their segments lazily
+from their own ``numpy.random.Generator(PCG64(seed))`` and keep them, so any query order gives
+the same value), and has ``describe()`` for logs.
+
+**Per-GPU workloads** (`Workload`): for plant time ``t_s``,
 
 * ``power_fraction(t_s)`` -> ``numpy`` array of shape ``(gpus,)``: each GPU's power demand as
   a fraction of its TGP (0..1), before the node agent's cap / floor / ramp limits
@@ -29,40 +46,403 @@ Workloads (REFERENCE §1.3, §4.6; all figures [U] there unless marked):
   communication at 0.65 (traffic high) in a 1–10 s square wave (REFERENCE §1.3 [S], §4.6).
 * `IdleWorkload` — every GPU idle at 0.15–0.25 of TDP (per GPU, seeded), almost no traffic.
 * `BurnInWorkload` — every GPU at ``fraction`` (1.0) with steady traffic: acceptance burn-in.
-* `RackPowerWorkload` — a rack-power profile (`sims.loads.LoadProfile`, W) spread evenly over
-  the GPUs through a power → fraction map (the scenario load kinds step/timeline/constant).
+* `RackPowerWorkload` — a rack-power profile (`LoadProfile`, W) spread evenly over the GPUs
+  through a power → fraction map (the scenario load kinds step/timeline/constant).
+
+`sims.loads` re-exports the profiles under their former import path.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 import numpy as np
 
-from sims.loads import LoadProfile, TrainingSquareWave
-
 __all__ = [
+    "NVL72_GPUS",
+    "NVL72_MAX_POWER_W",
+    "AgenticBurstLoad",
     "AgenticWorkload",
     "BurnInWorkload",
+    "ConstantLoad",
     "IdleWorkload",
+    "LoadProfile",
     "RackPowerWorkload",
+    "StepLoad",
+    "TimelineLoad",
+    "TrainingSquareWave",
     "TrainingWorkload",
     "Workload",
 ]
 
+#: NVL72 design rack power, W (REFERENCE §1.1 / §4.3 [S2]); `CduParams.rack.rack_max_power_w`.
+NVL72_MAX_POWER_W = 132_000.0
 NVL72_GPUS = 72
 
 _BURST, _DECODE, _TOOL_WAIT, _IDLE = 0, 1, 2, 3
 _KIND_NAMES = ("burst", "decode", "tool_wait", "idle")
 
 
+def _check_power(name: str, value: float) -> float:
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"{name} must be a finite power >= 0 W (got {value!r})")
+    return float(value)
+
+
 def _frac_range(name: str, r: tuple[float, float]) -> tuple[float, float]:
+    """``r`` unchanged when ``0 <= low <= high <= 1``; ValueError naming ``name`` otherwise."""
     lo, hi = r
     if not (0.0 <= lo <= hi <= 1.0):
         raise ValueError(f"{name} must satisfy 0 <= low <= high <= 1 (got {lo}, {hi})")
-    return float(lo), float(hi)
+    return lo, hi
+
+
+class _Swell:
+    """REFERENCE §4.6's concurrency swell: the active share rises and falls as a raised cosine
+    between ``_cmin`` and 1, each cycle's period drawn uniformly in ``_swell`` (s) from its
+    own generator ``_srng`` (so the other draws never shift it); cycle starts in ``_sw_t``."""
+
+    _cmin: float
+    _swell: tuple[float, float]
+    _srng: np.random.Generator
+    _sw_t: list[float]
+
+    def _init_swell(self, seed_key: list[int], cmin: float, period_s: tuple[float, float]
+                    ) -> None:
+        """Set the swell up (``cmin``, ``period_s`` already checked by the caller)."""
+        self._cmin = cmin
+        self._swell = (float(period_s[0]), float(period_s[1]))
+        self._srng = np.random.Generator(np.random.PCG64(seed_key))
+        self._sw_t = [0.0]
+
+    def concurrency(self, t_s: float) -> float:
+        """Share of active instances (GPUs for `AgenticBurstLoad`) at ``t_s`` (s), in
+        [``concurrency_min``, 1] (raised-cosine swell, REFERENCE §4.6); times before 0
+        extrapolate the first cycle."""
+        sw = self._sw_t
+        while sw[-1] <= t_s:
+            sw.append(sw[-1] + float(self._srng.uniform(*self._swell)))
+        i = bisect.bisect_right(sw, t_s) - 1  # sw[i] <= t_s < sw[i + 1]
+        if not 0 <= i < len(sw) - 1:  # t_s < 0 (or NaN): the first cycle
+            i = 0
+        phase = (t_s - sw[i]) / (sw[i + 1] - sw[i])
+        return self._cmin + (1.0 - self._cmin) * (0.5 - 0.5 * math.cos(2.0 * math.pi * phase))
+
+
+# --- rack IT power profiles ------------------------------------------------------------------
+
+
+class LoadProfile(ABC):
+    """Rack IT power as a function of plant time."""
+
+    @abstractmethod
+    def power_w(self, t_s: float) -> float:
+        """Rack IT power demand at plant time ``t_s`` (s), W; never negative."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line naming the profile and its parameters (for logs and result files)."""
+
+    def __call__(self, t_s: float) -> float:
+        return self.power_w(t_s)
+
+
+class ConstantLoad(LoadProfile):
+    """Constant ``power_w`` (W). Raises ValueError if negative or not finite."""
+
+    def __init__(self, power_w: float) -> None:
+        self._p = _check_power("power_w", power_w)
+
+    def power_w(self, t_s: float) -> float:
+        return self._p
+
+    def describe(self) -> str:
+        return f"constant {self._p / 1000:.1f} kW"
+
+
+class StepLoad(LoadProfile):
+    """``low_w`` until ``step_at_s``, then ``high_w``; back to ``low_w`` at ``back_at_s``.
+
+    Each edge is a linear ramp of ``ramp_s`` (0 = instantaneous; S1 asks for ≤ 100 ms).
+    `StepLoad.s1` builds REFERENCE §5 S1's 30 % → 100 % step.
+
+    Raises:
+        ValueError: negative powers, ``back_at_s`` not after the step's end, negative ramp.
+    """
+
+    def __init__(
+        self,
+        low_w: float,
+        high_w: float,
+        step_at_s: float,
+        back_at_s: float | None = None,
+        ramp_s: float = 0.0,
+    ) -> None:
+        self._lo = _check_power("low_w", low_w)
+        self._hi = _check_power("high_w", high_w)
+        if not (ramp_s >= 0.0 and math.isfinite(ramp_s) and math.isfinite(step_at_s)):
+            raise ValueError("step_at_s must be finite and ramp_s >= 0")
+        if back_at_s is not None and not (back_at_s >= step_at_s + ramp_s):
+            raise ValueError("back_at_s must come after the up-step has finished")
+        self._t_up = float(step_at_s)
+        self._t_down = back_at_s
+        self._ramp = float(ramp_s)
+
+    @classmethod
+    def s1(
+        cls,
+        rack_max_power_w: float = NVL72_MAX_POWER_W,
+        step_at_s: float = 60.0,
+        back_at_s: float | None = None,
+        low_fraction: float = 0.3,
+        high_fraction: float = 1.0,
+        ramp_s: float = 0.0,
+    ) -> StepLoad:
+        """REFERENCE §5 S1 / §4.5: 30 % → 100 % of rack power at ``step_at_s`` (39.6 → 132
+        kW with the NVL72 default), back down at ``back_at_s`` if given."""
+        _frac_range(
+            "step fraction", (min(low_fraction, high_fraction), max(low_fraction, high_fraction))
+        )
+        return cls(
+            low_fraction * rack_max_power_w,
+            high_fraction * rack_max_power_w,
+            step_at_s,
+            back_at_s,
+            ramp_s,
+        )
+
+    def _edge(self, t_s: float, t0: float, a: float, b: float) -> float:
+        if t_s < t0:
+            return a
+        if self._ramp <= 0.0 or t_s >= t0 + self._ramp:
+            return b
+        return a + (b - a) * (t_s - t0) / self._ramp
+
+    def power_w(self, t_s: float) -> float:
+        if self._t_down is not None and t_s >= self._t_down:
+            return self._edge(t_s, self._t_down, self._hi, self._lo)
+        return self._edge(t_s, self._t_up, self._lo, self._hi)
+
+    def describe(self) -> str:
+        back = "" if self._t_down is None else f", back at {self._t_down:g} s"
+        return (
+            f"step {self._lo / 1000:.1f} → {self._hi / 1000:.1f} kW at {self._t_up:g} s"
+            f"{back} (ramp {self._ramp:g} s)"
+        )
+
+
+class TimelineLoad(LoadProfile):
+    """Piecewise profile through ``points`` = [(t_s, power_w), ...] (times strictly rising).
+
+    ``mode="hold"`` keeps each point's power until the next point; ``"ramp"`` interpolates
+    linearly. Before the first point the first power holds, after the last the last.
+
+    Raises:
+        ValueError: empty, unsorted or duplicate times, negative or non-finite powers.
+    """
+
+    def __init__(
+        self, points: Sequence[tuple[float, float]], mode: Literal["hold", "ramp"] = "hold"
+    ) -> None:
+        if not points:
+            raise ValueError("timeline needs at least one (t_s, power_w) point")
+        if mode not in ("hold", "ramp"):
+            raise ValueError(f"mode must be 'hold' or 'ramp' (got {mode!r})")
+        ts = [float(t) for t, _ in points]
+        ps = [_check_power(f"points[{i}].power_w", p) for i, (_, p) in enumerate(points)]
+        if not all(math.isfinite(t) for t in ts) or any(b <= a for a, b in itertools.pairwise(ts)):
+            raise ValueError("timeline times must be finite and strictly increasing")
+        self._ts = ts
+        self._ps = ps
+        self._mode = mode
+
+    def power_w(self, t_s: float) -> float:
+        i = bisect.bisect_right(self._ts, t_s) - 1
+        if i < 0:
+            return self._ps[0]
+        if i >= len(self._ts) - 1 or self._mode == "hold":
+            return self._ps[i]
+        t0, t1 = self._ts[i], self._ts[i + 1]
+        return self._ps[i] + (self._ps[i + 1] - self._ps[i]) * (t_s - t0) / (t1 - t0)
+
+    def describe(self) -> str:
+        return (
+            f"timeline ({self._mode}) of {len(self._ts)} points over "
+            f"{self._ts[0]:g}–{self._ts[-1]:g} s, {min(self._ps) / 1000:.1f}–"
+            f"{max(self._ps) / 1000:.1f} kW"
+        )
+
+
+class _Segmented(LoadProfile):
+    """Lazily generated piecewise-constant segments: starts ``_t`` and values ``_v``."""
+
+    def __init__(self, seed: int) -> None:
+        self._seed = int(seed)
+        self._rng = np.random.Generator(np.random.PCG64(self._seed))
+        self._t: list[float] = [0.0]
+        self._v: list[float] = []
+        self._end = 0.0
+
+    @abstractmethod
+    def _next_segment(self, t0: float) -> tuple[float, float]:
+        """(duration_s > 0, value) of the segment starting at ``t0``."""
+
+    def _value_at(self, t_s: float) -> float:
+        if t_s < 0.0:
+            t_s = 0.0
+        while self._end <= t_s:
+            d, v = self._next_segment(self._end)
+            self._v.append(v)
+            self._end += d
+            self._t.append(self._end)
+        return self._v[bisect.bisect_right(self._t, t_s) - 1]
+
+
+class AgenticBurstLoad(_Segmented, _Swell):
+    """REFERENCE §4.6 agentic inference bursts on one rack (all parameters [U] there).
+
+    The rack alternates burst and gap segments with lognormal dwell times (burst median 6 s,
+    σ_ln 0.8; gap median 4 s, σ_ln 0.9). Active GPUs run at U(0.85, 1.0) of TDP in a burst
+    (prefill) and U(0.2, 0.45) in a gap (tool-wait); inactive GPUs idle at U(0.15, 0.25), drawn
+    once per segment. The active share (concurrency) swells as a raised cosine between
+    ``concurrency_min`` and 1 with each swell's period drawn uniformly in 5–15 min.
+
+    ``power_w(t) = P_max · (c(t)·f_state + (1 − c(t))·f_idle)``, in [0, P_max].
+
+    Raises:
+        ValueError: non-positive medians/periods, fractions outside [0, 1].
+    """
+
+    def __init__(
+        self,
+        rack_max_power_w: float = NVL72_MAX_POWER_W,
+        seed: int = 0,
+        *,
+        burst_median_s: float = 6.0,
+        burst_sigma_ln: float = 0.8,
+        gap_median_s: float = 4.0,
+        gap_sigma_ln: float = 0.9,
+        burst_fraction: tuple[float, float] = (0.85, 1.0),
+        gap_fraction: tuple[float, float] = (0.2, 0.45),
+        idle_fraction: tuple[float, float] = (0.15, 0.25),
+        concurrency_min: float = 0.3,
+        swell_period_s: tuple[float, float] = (300.0, 900.0),
+    ) -> None:
+        super().__init__(seed)
+        self._pmax = _check_power("rack_max_power_w", rack_max_power_w)
+        if min(burst_median_s, gap_median_s) <= 0.0 or min(burst_sigma_ln, gap_sigma_ln) < 0.0:
+            raise ValueError("dwell medians must be > 0 and σ_ln >= 0")
+        lo, hi = swell_period_s
+        if not (0.0 < lo <= hi):
+            raise ValueError("swell_period_s must satisfy 0 < low <= high")
+        self._burst = (math.log(burst_median_s), burst_sigma_ln)
+        self._gap = (math.log(gap_median_s), gap_sigma_ln)
+        self._fb = _frac_range("burst_fraction", burst_fraction)
+        self._fg = _frac_range("gap_fraction", gap_fraction)
+        self._fi = _frac_range("idle_fraction", idle_fraction)
+        cmin, _ = _frac_range("concurrency_min", (concurrency_min, 1.0))
+        self._in_burst = False
+        self._idle: list[float] = []
+        self._init_swell([self._seed, 1], cmin, (lo, hi))
+
+    def _next_segment(self, t0: float) -> tuple[float, float]:
+        self._in_burst = not self._in_burst  # starts with a burst
+        rng = self._rng
+        mu, sig = self._burst if self._in_burst else self._gap
+        lo, hi = self._fb if self._in_burst else self._fg
+        d = float(rng.lognormal(mu, sig))
+        v = float(rng.uniform(lo, hi))
+        self._idle.append(float(rng.uniform(*self._fi)))
+        return max(d, 0.1), v
+
+    def power_w(self, t_s: float) -> float:
+        t = t_s if t_s > 0.0 else 0.0
+        f_state = self._value_at(t)
+        f_idle = self._idle[bisect.bisect_right(self._t, t) - 1]
+        c = self.concurrency(t)
+        return self._pmax * (c * f_state + (1.0 - c) * f_idle)
+
+    def describe(self) -> str:
+        return (
+            f"agentic bursts seed={self._seed}: P_max {self._pmax / 1000:.1f} kW, burst "
+            f"median {math.exp(self._burst[0]):g} s σ_ln {self._burst[1]:g} at {self._fb}, gap "
+            f"median {math.exp(self._gap[0]):g} s σ_ln {self._gap[1]:g} at {self._fg}, idle "
+            f"{self._fi}, concurrency {self._cmin:g}–1 swell {self._swell[0]:g}–"
+            f"{self._swell[1]:g} s"
+        )
+
+
+class TrainingSquareWave(_Segmented):
+    """Synchronous training (REFERENCE §1.3 [S], §4.6): compute at ``high_fraction`` of
+    ``rack_max_power_w`` for ``duty`` of each iteration, communication at ``low_fraction``
+    (all-reduce dip ≈ 0.6–0.7 of TDP, §4.6) for the rest.
+
+    ``period_s`` must lie in 1–10 s (the 0.1–20 Hz band of grid concern; 1–10 s per §4.6).
+    Each iteration's length is ``period_s·(1 + jitter·N(0,1))`` (clipped to ±3 σ), seeded;
+    ``jitter=0`` gives an exact square wave.
+
+    Raises:
+        ValueError: period outside 1–10 s, fractions outside [0, 1], duty outside (0, 1),
+            negative jitter.
+    """
+
+    def __init__(
+        self,
+        rack_max_power_w: float = NVL72_MAX_POWER_W,
+        period_s: float = 4.0,
+        seed: int = 0,
+        *,
+        high_fraction: float = 1.0,
+        low_fraction: float = 0.65,
+        duty: float = 0.5,
+        jitter: float = 0.02,
+    ) -> None:
+        super().__init__(seed)
+        self._pmax = _check_power("rack_max_power_w", rack_max_power_w)
+        if not (1.0 <= period_s <= 10.0):
+            raise ValueError(f"period_s must be within 1–10 s (got {period_s})")
+        if not (0.0 < duty < 1.0):
+            raise ValueError("duty must be in (0, 1)")
+        if not (0.0 <= jitter <= 0.3):
+            raise ValueError("jitter must be in [0, 0.3]")
+        _frac_range(
+            "training fractions",
+            (min(high_fraction, low_fraction), max(high_fraction, low_fraction)),
+        )
+        self._period = float(period_s)
+        self._hi = high_fraction
+        self._lo = low_fraction
+        self._duty = duty
+        self._jitter = jitter
+        self._phase_high = False
+        self._iter_len = 0.0
+
+    def _next_segment(self, t0: float) -> tuple[float, float]:
+        self._phase_high = not self._phase_high
+        if self._phase_high:
+            j = float(self._rng.standard_normal()) if self._jitter else 0.0
+            j = max(-3.0, min(3.0, j))
+            self._iter_len = self._period * (1.0 + self._jitter * j)
+            return self._iter_len * self._duty, self._hi
+        return self._iter_len * (1.0 - self._duty), self._lo
+
+    def power_w(self, t_s: float) -> float:
+        return self._pmax * self._value_at(t_s)
+
+    def describe(self) -> str:
+        return (
+            f"training square wave seed={self._seed}: {self._period:g} s period, "
+            f"{self._hi:g}/{self._lo:g} of {self._pmax / 1000:.1f} kW, duty {self._duty:g}, "
+            f"jitter {self._jitter:g}"
+        )
+
+
+# --- per-GPU workloads -----------------------------------------------------------------------
 
 
 class Workload(ABC):
@@ -179,7 +559,7 @@ class RackPowerWorkload(Workload):
     """A rack IT power profile (W) spread evenly over the GPUs.
 
     Args:
-        profile: rack IT power over time, W (`sims.loads`).
+        profile: rack IT power over time, W (`LoadProfile`).
         fraction_for_power: maps a rack power (W) to the per-GPU fraction that yields it
             (`sims.rack.ComputeRack.gpu_fraction_for_rack_power`); clipped to 0..1.
         traffic: per-GPU traffic, scaled by the fraction (0.3 at full power by default).
@@ -211,7 +591,7 @@ class RackPowerWorkload(Workload):
 class TrainingWorkload(Workload):
     """Synchronous training: all GPUs at ``high_fraction`` (compute) for ``duty`` of each
     iteration and ``low_fraction`` (communication, traffic ``traffic_comm``) for the rest;
-    period 1–10 s with seeded jitter (`sims.loads.TrainingSquareWave`, REFERENCE §1.3, §4.6).
+    period 1–10 s with seeded jitter (`TrainingSquareWave`, REFERENCE §1.3, §4.6).
 
     Raises:
         ValueError: as `TrainingSquareWave`, or traffic outside 0..1.
@@ -257,7 +637,7 @@ class TrainingWorkload(Workload):
         return f"training: {self._wave.describe()}, traffic {self._tc:g}/{self._tm:g}"
 
 
-class AgenticWorkload(Workload):
+class AgenticWorkload(Workload, _Swell):
     """Agentic inference on a rack (REFERENCE §4.6; see the module docstring).
 
     Args:
@@ -329,7 +709,7 @@ class AgenticWorkload(Workload):
         if not (spike_rate_per_h >= 0.0 and math.isfinite(spike_rate_per_h)):
             raise ValueError("spike_rate_per_h must be finite and >= 0")
         _frac_range("decode_share", (decode_share, decode_share))
-        self._cmin = _frac_range("concurrency_min", (concurrency_min, 1.0))[0]
+        cmin = _frac_range("concurrency_min", (concurrency_min, 1.0))[0]
         self._seed = int(seed)
         self._gpi = gpus_per_instance
         self._n = gpus // gpus_per_instance
@@ -352,17 +732,15 @@ class AgenticWorkload(Workload):
         self._decode_share = decode_share
         self._comm_mean = comm_interval_s
         self._dip = (float(comm_dip_s[0]), float(comm_dip_s[1]))
-        self._swell = (float(swell_period_s[0]), float(swell_period_s[1]))
         self._spike_mean = 3600.0 / spike_rate_per_h if spike_rate_per_h > 0.0 else math.inf
         self._spike_dur = (float(spike_duration_s[0]), float(spike_duration_s[1]))
         # generators: one per instance, one for the swell, one for spikes, one for the ranking
         self._rngs = [
             np.random.Generator(np.random.PCG64([self._seed, 1, i])) for i in range(self._n)
         ]
-        self._srng = np.random.Generator(np.random.PCG64([self._seed, 2]))
+        self._init_swell([self._seed, 2], cmin, swell_period_s)
         self._prng = np.random.Generator(np.random.PCG64([self._seed, 3]))
         self._rank = np.random.Generator(np.random.PCG64([self._seed, 4])).permutation(self._n)
-        self._sw_t: list[float] = [0.0]
         self._spikes: list[tuple[float, float]] = []  # (start, duration)
         self._spike_next = 0.0 if self._spike_mean == math.inf else self._draw_spike_gap()
         # instance state
@@ -393,21 +771,6 @@ class AgenticWorkload(Workload):
             self._spikes.append((start, dur))
             self._spike_next = start + dur + self._draw_spike_gap()
         return self._spikes[k]
-
-    def concurrency(self, t_s: float) -> float:
-        """Share of active instances at ``t_s`` (raised-cosine swell, REFERENCE §4.6)."""
-        sw = self._sw_t
-        while sw[-1] <= t_s:
-            sw.append(sw[-1] + float(self._srng.uniform(*self._swell)))
-        lo, hi = 0, len(sw) - 1
-        while hi - lo > 1:  # bisect: sw[lo] <= t_s < sw[hi]
-            mid = (lo + hi) // 2
-            if sw[mid] <= t_s:
-                lo = mid
-            else:
-                hi = mid
-        phase = (t_s - sw[lo]) / (sw[hi] - sw[lo])
-        return self._cmin + (1.0 - self._cmin) * (0.5 - 0.5 * math.cos(2.0 * math.pi * phase))
 
     def _active(self, i: int, t_s: float) -> bool:
         return bool(self._rank[i] < self.concurrency(t_s) * self._n - 1e-9)

@@ -20,7 +20,8 @@ expected on PAM4 links, so "> 0" rules are wrong, REFERENCE §3.2).
 
 Every detector here is also a `sims.link_harness.ChunkDetector` (``det(counts, minute_start)``
 over a (links, minutes) matrix returns the raise events), so the link-only harness measures
-exactly the production code.
+exactly the production code. The four detectors share their alarm bookkeeping (``state``,
+``raised``, that call) through `_BinDetector`; each class holds only its statistic.
 """
 
 from __future__ import annotations
@@ -46,21 +47,56 @@ def cusum_reference_value(lambda0: float, lambda1: float) -> float:
     return (lambda1 - lambda0) / math.log(lambda1 / lambda0)
 
 
-class _ChunkMixin:
-    """Run an update-per-bin detector over a (n, m) count matrix (harness protocol)."""
+class _BinDetector:
+    """Alarm bookkeeping shared by the per-bin detectors; a subclass holds only its statistic.
 
-    n: int
+    Per element (n,): ``state`` is the alarm condition now, ``raised`` the rising edges of the
+    last update. A subclass's ``update`` computes its statistic and ends with `_level` (alarm
+    while a condition holds: the static rules) or `_latch` (raise on one condition, clear on
+    another: the change tests' hysteresis). Calling the detector runs it over a (n, m) count
+    matrix (the `sims.link_harness.ChunkDetector` protocol).
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = check_count("n", n)
+        self._active = np.zeros(self.n, dtype=bool)
+        self._raised = np.zeros(self.n, dtype=bool)
+
+    @property
+    def state(self) -> BoolArray:
+        """Per element (n,): the alarm condition now (a copy)."""
+        return self._active.copy()
+
+    @property
+    def raised(self) -> BoolArray:
+        """Per element (n,): raised at the last update, i.e. rising edges (a copy)."""
+        return self._raised.copy()
 
     def update(self, counts: Any) -> BoolArray:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    @property
-    def raised(self) -> BoolArray:  # pragma: no cover - overridden
-        raise NotImplementedError
+    def _level(self, cond: BoolArray) -> BoolArray:
+        """The alarm is ``cond`` itself; raised where it turned on. Returns `state`."""
+        self._raised = cond & ~self._active
+        self._active = cond
+        return cond.copy()
+
+    def _latch(self, on: BoolArray, off: BoolArray) -> BoolArray:
+        """Raise where ``on`` holds and the alarm is off; clear where ``off`` holds and it is
+        on (one alarm per incident). Returns `state`."""
+        rise = ~self._active & on
+        clear = self._active & off
+        self._active = (self._active | rise) & ~clear
+        self._raised = rise
+        return self._active.copy()
 
     def __call__(self, counts: Any, minute_start: int = 0, /) -> BoolArray | None:
         """Feed ``counts`` of shape (n, m) bin by bin; returns a (n, m) bool matrix of raise
-        events (rising edges), or None when there was none."""
+        events (rising edges), or None when there was none.
+
+        Raises:
+            ValueError: ``counts`` not of shape (n, m).
+        """
         c = np.asarray(counts)
         if c.ndim != 2 or c.shape[0] != self.n:
             raise ValueError(f"counts must have shape ({self.n}, bins)")
@@ -75,7 +111,7 @@ class _ChunkMixin:
         return out
 
 
-class PoissonCusum(_ChunkMixin):
+class PoissonCusum(_BinDetector):
     """Upper Poisson CUSUM per element (see the module docstring).
 
     Args:
@@ -102,7 +138,7 @@ class PoissonCusum(_ChunkMixin):
         s_max: float | None = None,
         watch_h: float | None = None,
     ) -> None:
-        self.n = check_count("n", n)
+        super().__init__(n)
         l0 = param("lambda0", lambda0, self.n, lo=0.0, lo_open=True)
         l1 = param("lambda1", lambda1, self.n, lo=0.0, lo_open=True)
         if (l1 <= l0).any():
@@ -120,18 +156,6 @@ class PoissonCusum(_ChunkMixin):
             raise ValueError("watch_h must be within (0, h)")
         self.watch_h = watch_h
         self.s = np.zeros(self.n)
-        self._active = np.zeros(self.n, dtype=bool)
-        self._raised = np.zeros(self.n, dtype=bool)
-
-    @property
-    def state(self) -> BoolArray:
-        """Alarm condition (a copy)."""
-        return self._active.copy()
-
-    @property
-    def raised(self) -> BoolArray:
-        """Elements raised by the last update (rising edges)."""
-        return self._raised.copy()
 
     @property
     def watch(self) -> BoolArray:
@@ -148,11 +172,7 @@ class PoissonCusum(_ChunkMixin):
         valid = ~np.isnan(x)
         s = np.where(valid, np.clip(self.s + np.nan_to_num(x) - self.k, 0.0, self.s_max), self.s)
         self.s = s
-        rise = ~self._active & (s > self.h)
-        clear = self._active & (s <= self.h_clear)
-        self._active = (self._active | rise) & ~clear
-        self._raised = rise
-        return self._active.copy()
+        return self._latch(s > self.h, s <= self.h_clear)
 
     def reset(self, which: Any = None) -> None:
         """Restart elements (all when None): S = 0, alarm off."""
@@ -161,7 +181,7 @@ class PoissonCusum(_ChunkMixin):
         self._active[idx] = False
 
     def __call__(self, counts: Any, minute_start: int = 0, /) -> BoolArray | None:
-        """The harness path: as `_ChunkMixin.__call__`, with in-place arithmetic for integer
+        """The harness path: as `_BinDetector.__call__`, with in-place arithmetic for integer
         counts (no NaN possible); the same recursion as `update`."""
         c = np.asarray(counts)
         if c.dtype.kind not in "ui":
@@ -187,32 +207,20 @@ class PoissonCusum(_ChunkMixin):
         return out
 
 
-class PoissonEwma(_ChunkMixin):
+class PoissonEwma(_BinDetector):
     """EWMA of per-bin counts with the asymptotic UCL (REFERENCE §3.3: w = 0.05, L = 5).
 
     Raises when z > UCL, clears when z < λ0 + (UCL − λ0)/2.
     """
 
     def __init__(self, n: int, lambda0: Any, weight: float = 0.05, width: float = 5.0) -> None:
-        self.n = check_count("n", n)
+        super().__init__(n)
         if not (0.0 < weight <= 1.0) or not (width > 0.0):
             raise ValueError("weight must be in (0, 1] and width > 0")
         self.lambda0 = param("lambda0", lambda0, self.n, lo=0.0, lo_open=True)
         self.weight = float(weight)
         self.ucl = self.lambda0 + width * np.sqrt(self.lambda0 * weight / (2.0 - weight))
         self.z = self.lambda0.copy()
-        self._active = np.zeros(self.n, dtype=bool)
-        self._raised = np.zeros(self.n, dtype=bool)
-
-    @property
-    def state(self) -> BoolArray:
-        """Per element (n,): the alarm condition now (a copy)."""
-        return self._active.copy()
-
-    @property
-    def raised(self) -> BoolArray:
-        """Per element (n,): raised at the last update (a copy)."""
-        return self._raised.copy()
 
     def update(self, counts: Any) -> BoolArray:
         """Add one bin's counts (n,) (NaN: unknown bin); returns `state`.
@@ -224,19 +232,15 @@ class PoissonEwma(_ChunkMixin):
         valid = ~np.isnan(x)
         self.z = np.where(valid, (1.0 - self.weight) * self.z + self.weight * np.nan_to_num(x),
                           self.z)
-        rise = ~self._active & (self.z > self.ucl)
-        clear = self._active & (self.z < 0.5 * (self.lambda0 + self.ucl))
-        self._active = (self._active | rise) & ~clear
-        self._raised = rise
-        return self._active.copy()
+        return self._latch(self.z > self.ucl, self.z < 0.5 * (self.lambda0 + self.ucl))
 
 
-class WindowSum(_ChunkMixin):
+class WindowSum(_BinDetector):
     """Count over the last ``window_bins`` bins above ``threshold`` (e.g. 60 one-minute bins >
     120: the "IBTA limit" as usually implemented, REFERENCE §3.3). NaN counts count as 0."""
 
     def __init__(self, n: int, window_bins: int, threshold: float) -> None:
-        self.n = check_count("n", n)
+        super().__init__(n)
         self.window_bins = check_count("window_bins", window_bins)
         if self.window_bins < 1:
             raise ValueError("window_bins must be >= 1")
@@ -244,18 +248,6 @@ class WindowSum(_ChunkMixin):
         self._ring = np.zeros((self.n, self.window_bins))
         self._i = 0
         self._sum = np.zeros(self.n)
-        self._active = np.zeros(self.n, dtype=bool)
-        self._raised = np.zeros(self.n, dtype=bool)
-
-    @property
-    def state(self) -> BoolArray:
-        """Per element (n,): the alarm condition now (a copy)."""
-        return self._active.copy()
-
-    @property
-    def raised(self) -> BoolArray:
-        """Per element (n,): raised at the last update (a copy)."""
-        return self._raised.copy()
 
     @property
     def window_count(self) -> FloatArray:
@@ -272,36 +264,21 @@ class WindowSum(_ChunkMixin):
         self._sum += x - self._ring[:, self._i]
         self._ring[:, self._i] = x
         self._i = (self._i + 1) % self.window_bins
-        cond = self._sum > self.threshold + _EPS
-        self._raised = cond & ~self._active
-        self._active = cond
-        return cond.copy()
+        return self._level(self._sum > self.threshold + _EPS)
 
 
-class RateFor(_ChunkMixin):
+class RateFor(_BinDetector):
     """Prometheus ``rate(x[window]) > rate_per_bin for <for_bins>``: the mean count per bin over
     the last ``window_bins`` above ``rate_per_bin`` on ``for_bins + 1`` consecutive bins (the
     condition has then held for ``for_bins`` bins). NaN counts count as 0."""
 
     def __init__(self, n: int, window_bins: int, rate_per_bin: float, for_bins: int) -> None:
-        self.n = check_count("n", n)
+        super().__init__(n)
         self._win = WindowSum(n, window_bins, 0.0)
         self.window_bins = self._win.window_bins
         self.rate_per_bin = float(rate_per_bin)
         self.for_bins = check_count("for_bins", for_bins)
         self._held = np.zeros(self.n, dtype=np.int64)
-        self._active = np.zeros(self.n, dtype=bool)
-        self._raised = np.zeros(self.n, dtype=bool)
-
-    @property
-    def state(self) -> BoolArray:
-        """Per element (n,): the alarm condition now (a copy)."""
-        return self._active.copy()
-
-    @property
-    def raised(self) -> BoolArray:
-        """Per element (n,): raised at the last update (a copy)."""
-        return self._raised.copy()
 
     def update(self, counts: Any) -> BoolArray:
         """Add one bin's counts (n,); returns `state`.
@@ -312,10 +289,7 @@ class RateFor(_ChunkMixin):
         self._win.update(counts)
         above = self._win.window_count / self.window_bins > self.rate_per_bin + _EPS
         self._held = np.where(above, self._held + 1, 0)
-        cond = self._held >= self.for_bins + 1
-        self._raised = cond & ~self._active
-        self._active = cond
-        return cond.copy()
+        return self._level(self._held >= self.for_bins + 1)
 
 
 class BinAccumulator:

@@ -6,48 +6,31 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from rackctl.client import ClientSettings, CommandClient
-from rackplane.spool import Spool
-from tests.integration.harness import Proc, write_valvey_config
-from tests.integration.test_durability_valvey import NotifySocket
+from tests.integration.harness import (
+    NotifySocket,
+    Proc,
+    racky_proc,
+    spool_lines,
+    until,
+    write_config,
+)
 from tests.servers import Mosquitto
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
-
-
-def _lines(d: Path) -> list[str]:
-    out: list[str] = []
-    with Spool(d, readonly=True, cursor_file="test-reader-cursor") as sp:
-        sp.reset_to_start()
-        while True:
-            got, cur = sp.read(10_000)
-            if not got:
-                return out
-            out.extend(got)
-            sp.ack(cur)
-
-
-async def _until(cond: Callable[[], bool], timeout_s: float, what: str, proc: Proc) -> None:
-    t0 = time.monotonic()
-    while not cond():
-        assert proc.alive(), f"{proc.name} exited; log:\n{proc.log.read_text()[-3000:]}"
-        assert time.monotonic() - t0 < timeout_s, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def test_racky_sigkill_restart_ready_state_kept_no_spooled_line_lost(
     tmp_path: Path, mosquitto: Mosquitto
 ) -> None:
     rack = f"durr-{uuid.uuid4().hex[:8]}"
-    cfg = write_valvey_config(  # a generic TOML writer despite its name
+    cfg = write_config(
         tmp_path / "racky.toml",
         identity={"rack": rack},
         mqtt={"port": mosquitto.port, "reconnect_max_s": 1.0},
@@ -58,9 +41,7 @@ async def test_racky_sigkill_restart_ready_state_kept_no_spooled_line_lost(
     )
 
     def racky(n: NotifySocket, tag: str) -> Proc:
-        return Proc(f"racky-{tag}", [sys.executable, "-m", "racky", "--config", str(cfg),
-                                     "--log-format", "json"], tmp_path / f"racky-{tag}.log",
-                    env={"NOTIFY_SOCKET": n.name}).start()
+        return racky_proc(tmp_path, cfg, env={"NOTIFY_SOCKET": n.name}, tag=tag).start()
 
     client = CommandClient(ClientSettings(port=mosquitto.port, rack=rack, username="alice",
                                           timeout_s=30.0))
@@ -70,28 +51,28 @@ async def test_racky_sigkill_restart_ready_state_kept_no_spooled_line_lost(
     r2: Proc | None = None
     try:
         async with client:
-            await _until(lambda: n1.ready_at() is not None, 30, "READY", r1)
+            await until(lambda: n1.ready_at() is not None, 30, "READY", r1)
             r = await client.call("racky", "set_budget",
                                   {"power_w": 91_000.0, "reason": "durability test"})
             assert r["ok"] is True, r
-            before = await asyncio.to_thread(_lines, tmp_path / "spool")
-            await _until(lambda: len(_lines(tmp_path / "spool")) > len(before) + 5, 30,
+            before = await asyncio.to_thread(spool_lines, tmp_path / "spool")
+            await until(lambda: len(spool_lines(tmp_path / "spool")) > len(before) + 5, 30,
                          "more telemetry in the spool", r1)
             r1.signal(signal.SIGKILL)
             assert r1.wait(10) == -signal.SIGKILL
-            at_kill = await asyncio.to_thread(_lines, tmp_path / "spool")
+            at_kill = await asyncio.to_thread(spool_lines, tmp_path / "spool")
             assert at_kill
 
             t_spawn = time.monotonic()
             r2 = racky(n2, "2")
-            await _until(lambda: n2.ready_at() is not None, 30, "READY after restart", r2)
+            await until(lambda: n2.ready_at() is not None, 30, "READY after restart", r2)
             print(f"durability.racky_sigkill_restart_ready_s = "
                   f"{(n2.ready_at() or 0.0) - t_spawn:.2f}")
             st = await client.call("racky", "get_state")
             assert st["ok"] is True and st["state"]["budget_w"] == 91_000.0, st
             r2.signal(signal.SIGTERM)
             assert r2.wait(30) == 0
-        after = await asyncio.to_thread(_lines, tmp_path / "spool")
+        after = await asyncio.to_thread(spool_lines, tmp_path / "spool")
         kept = set(after)
         lost = [ln for ln in at_kill if ln not in kept]
         print(f"durability.racky_sigkill_spooled_lines = {len(at_kill)}, lost = {len(lost)}")

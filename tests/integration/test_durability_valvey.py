@@ -18,25 +18,28 @@ Timings are reported (printed), never asserted tightly: bounds here are generous
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import signal
-import socket
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rackplane.clock import SYSTEM_CLOCK, FakeClock
-from rackplane.mqtt import Message, MqttLink
+from rackplane.clock import FakeClock
+from rackplane.mqtt import Message
 from rackplane.settings import Identity, MqttSettings, SpoolSettings, TsdbSettings
-from rackplane.spool import Spool
 from rackplane.tsdb import TelemetryWriter
-from tests.integration.harness import Proc, sim_proc, valvey_proc, write_valvey_config
+from tests.integration.harness import (
+    MqttClient,
+    NotifySocket,
+    sim_proc,
+    spool_lines,
+    until,
+    valvey_proc,
+    write_config,
+)
 from tests.servers import Mosquitto, VictoriaMetrics, free_port
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
@@ -44,51 +47,18 @@ pytestmark = [pytest.mark.servers, pytest.mark.slow]
 TS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z
 
 
-class NotifySocket:
-    """A datagram socket standing in for systemd's NOTIFY_SOCKET: records (mono s, message)."""
-
-    def __init__(self) -> None:
-        self.name = f"@rp-dur-{uuid.uuid4().hex[:12]}"
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind("\0" + self.name[1:])
-        self.sock.settimeout(0.2)
-        self.records: list[tuple[float, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(4096)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.records.append((time.monotonic(), data.decode(errors="replace")))
-
-    def ready_at(self) -> float | None:
-        return next((t for t, m in self.records if "READY=1" in m.split("\n")), None)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self.sock.close()
-
-
-class Health:
+class Health(MqttClient):
     """valvey's retained ``state/health``, as any monitoring tool reads it."""
 
     def __init__(self, port: int, rack: str):
-        self.link = MqttLink(
+        super().__init__(
             MqttSettings(port=port, clean_session=True, client_id=f"dur-{uuid.uuid4().hex[:8]}",
                          reconnect_max_s=1.0),
-            Identity(rack=rack), "tester", clock=SYSTEM_CLOCK,
+            Identity(rack=rack),
         )
         self.last: dict[str, Any] = {}
         self.depths: list[int] = []
         self.link.subscribe(f"rackplane/lab/{rack}/valvey/state/health", self._on, qos=0)
-        self.task: asyncio.Task[None] | None = None
 
     def _on(self, msg: Message) -> None:
         try:
@@ -96,30 +66,6 @@ class Health:
         except ValueError:
             return
         self.depths.append(int(self.last.get("spool", {}).get("depth_lines", -1)))
-
-    async def __aenter__(self) -> Health:
-        self.task = asyncio.create_task(self.link.run())
-        await self.link.wait_ready(10)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.link.stop(), 5)
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
-
-
-async def until(cond: Callable[[], bool], timeout_s: float, what: str, *procs: Proc) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if cond():
-            return time.monotonic() - t0
-        for p in procs:
-            assert p.alive(), f"{p.name} exited; log:\n{p.log.read_text()[-3000:]}"
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def _setpoint_ts_ms(lines: list[str], rack: str) -> set[int]:
@@ -133,18 +79,6 @@ def _setpoint_ts_ms(lines: list[str], rack: str) -> set[int]:
     return out
 
 
-def _spool_lines(d: Path) -> list[str]:
-    out: list[str] = []
-    # Its own cursor file: a readonly reader acking with the daemon's cursor would move it.
-    with Spool(d, readonly=True, cursor_file="test-reader-cursor") as sp:
-        while True:
-            got, cur = sp.read(10_000)
-            if not got:
-                return out
-            out.extend(got)
-            sp.ack(cur)
-
-
 async def test_outage_then_sigkill_then_restart_loses_no_spooled_point(
     tmp_path: Path, mosquitto: Mosquitto, victoria_private: VictoriaMetrics
 ) -> None:
@@ -152,7 +86,7 @@ async def test_outage_then_sigkill_then_restart_loses_no_spooled_point(
     rack = f"dur-{uuid.uuid4().hex[:8]}"
     modbus_port = free_port()
     await asyncio.to_thread(vm.stop)  # the database is down from the start
-    cfg = write_valvey_config(
+    cfg = write_config(
         tmp_path / "valvey.toml",
         identity={"site": "lab", "row": "row1", "rack": rack},
         cdu={"port": modbus_port, "reconnect_min_s": 0.2, "reconnect_max_s": 2.0},
@@ -178,7 +112,7 @@ async def test_outage_then_sigkill_then_restart_loses_no_spooled_point(
             assert v1.wait(10) == -signal.SIGKILL
             n1.close()
 
-            reference = _setpoint_ts_ms(await asyncio.to_thread(_spool_lines,
+            reference = _setpoint_ts_ms(await asyncio.to_thread(spool_lines,
                                                                 tmp_path / "spool"), rack)
             assert len(reference) >= 10, "the run spooled too little to test anything"
 

@@ -11,22 +11,17 @@ TCP, node agents and telemetry on MQTT) and racky (`racky.app.Racky`) through a 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import uuid
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rackplane.commands import CommandReply
-from rackplane.settings import Identity, ModbusTargetSettings, MqttSettings
+from rackplane.settings import ModbusTargetSettings
 from racky.app import Racky
 from racky.config import RackyConfig
-from sims.runtime import VirtualRackSimulator
-from sims.scenario import load_scenario
 from tests.adapters.mqtt_cli import MqttSub, mqtt_pub
+from tests.integration.harness import command_envelope, in_process_rack
 from tests.servers import Mosquitto
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
@@ -34,39 +29,18 @@ pytestmark = [pytest.mark.servers, pytest.mark.slow]
 BUDGET_W = 100_000.0
 
 
-def _envelope(request_id: str, args: dict[str, Any]) -> str:
-    return json.dumps({"request_id": request_id,
-                       "issued_at": datetime.now(UTC).isoformat(timespec="seconds"),
-                       "args": args})
-
-
 async def test_racky_caps_the_rack_and_serves_valveys_power_down(
         tmp_path: Path, mosquitto: Mosquitto, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # racky's state file and spool land here
-    rack = f"r{uuid.uuid4().hex[:10]}"
-    ident = Identity(rack=rack)
-    mq = MqttSettings(port=mosquitto.port, clean_session=True, reconnect_min_s=0.1,
-                      reconnect_max_s=1.0)
-    sc = load_scenario("load-step-short").model_copy(update={"duration_s": 3600.0})
-    sim = VirtualRackSimulator(sc, modbus_port=0, shelf_modbus_port=0, identity=ident,
-                               mqtt=mq, telemetry_interval_s=1.0)
-    stop = asyncio.Event()
-    sim_task = asyncio.create_task(sim.run(stop))
-    racky_task: asyncio.Task[None] | None = None
-    base = f"rackplane/lab/{rack}"
-    try:
-        for _ in range(100):
-            if sim.shelf_face is not None and sim.shelf_face.port:
-                break
-            await asyncio.sleep(0.1)
-        assert sim.shelf_face is not None
-        shelves = [ModbusTargetSettings(name=f"shelf{i}", port=sim.shelf_face.port,
+    async with in_process_rack(mosquitto.port) as rr:
+        sim, base = rr.sim, rr.base
+        shelves = [ModbusTargetSettings(name=f"shelf{i}", port=rr.shelf_port,
                                         unit_id=1 + i, register_map=Path("power-shelf"),
                                         timeout_s=1.0, reconnect_min_s=0.1,
                                         reconnect_max_s=1.0)
                    for i in range(8)]
         cfg = RackyConfig.model_validate({
-            "identity": ident.model_dump(), "mqtt": mq.model_dump(),
+            "identity": rr.ident.model_dump(), "mqtt": rr.mqtt.model_dump(),
             "power_shelves": [s.model_dump() for s in shelves],
             "power": {"budget_w": BUDGET_W},
             "lifecycle": {"state_file": str(tmp_path / "racky-state.json")},
@@ -76,7 +50,7 @@ async def test_racky_caps_the_rack_and_serves_valveys_power_down(
         async with MqttSub(mosquitto.port, f"{base}/racky/state/+", f"{base}/racky/alarm/+",
                            f"{base}/racky/cmd/valvey/+/result", f"{base}/sim/telemetry/power",
                            v5=False) as sub:
-            racky_task = asyncio.create_task(racky.run(stop))
+            rr.spawn(racky.run(rr.stop))
 
             def rack_power() -> float | None:
                 got = sub.on(f"{base}/racky/state/rack_power")
@@ -103,7 +77,7 @@ async def test_racky_caps_the_rack_and_serves_valveys_power_down(
 
             n = len(sub.messages)
             await mqtt_pub(mosquitto.port, f"{base}/racky/cmd/valvey/power_down_trays",
-                           _envelope("leak-1", {"trays": [3], "reason": "leak at tray 3"}))
+                           command_envelope("leak-1", {"trays": [3], "reason": "leak at tray 3"}))
             res = await sub.wait_for(lambda m: m.topic.endswith("power_down_trays/result"),
                                      15.0, n)
             reply = CommandReply.model_validate(json.loads(res.payload))
@@ -117,10 +91,3 @@ async def test_racky_caps_the_rack_and_serves_valveys_power_down(
             assert 3 in racky.core.persisted.safety_off
             # no shelf was ever reported offline (start-up inhibit, on-delay)
             assert not [m for m in sub.messages if "/alarm/shelf_offline" in m.topic]
-    finally:
-        stop.set()
-        tasks = [t for t in (sim_task, racky_task) if t is not None]
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30.0)
-        for t in tasks:
-            t.cancel()
