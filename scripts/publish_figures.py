@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Publish a finished benchmark or scenario-report run into the docs and the README.
+
+    scripts/publish_figures.py --bench bench-results --scenarios scenario-results
+
+For each directory given (the ``--out`` of ``rackctl bench`` / ``rackctl scenarios``) it
+
+* copies ``results.md``, ``results.json``, ``machine.json`` (when present) and every PNG into
+  ``docs/bench-report/`` or ``docs/scenario-report/`` (the old files there are removed first,
+  so a plot the run no longer makes does not linger);
+* rewrites the README's block between ``<!-- figures:bench:start -->`` and
+  ``<!-- figures:bench:end -->`` (or ``figures:scenarios``) with the run's own preamble line
+  (machine, mode, wall time), the date of the run's ``results.json`` and the headline rows,
+  rendered from ``results.json`` by `rackctl.figures.markdown_table`.
+
+Nothing is typed in: every row comes from the run's ``results.json``. Exit code 2 when a
+directory or a README marker is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rackctl.figures import Figure, markdown_table  # noqa: E402
+
+# headline rows of the scenario report in the README (the full report is linked)
+SCENARIO_HEADLINES = (
+    "valvey.S1.pid_only.max_abs_error_k.median",
+    "valvey.S1.max_abs_error_k.median",
+    "valvey.S1.back_within_0_5k_s.median",
+    "valvey.S1.valve_active_pct.median",
+    "valvey.S2.pid_only.max_abs_error_k.median",
+    "valvey.S2.max_abs_error_k.median",
+    "valvey.S2.rms_error_k.median",
+    "valvey.S3.standby_commanded_s",
+    "valvey.S3.min_flow_pct",
+    "valvey.S3.gpu_tj_rise_k",
+    "valvey.S4.mismatch_detected_s",
+    "valvey.S5.drift_detected_min",
+    "valvey.S6d.isolated_after_trip_s",
+    "valvey.S6e.isolations",
+    "valvey.S9.max_above_sp_k",
+    "valvey.healthy.false_alarms",
+    "racky.S7.flap_declared_after_3rd_down_s",
+    "racky.S8.creep_24h_detect_h",
+    "racky.S8.creep_24h_detect_p90_h",
+    "racky.S8.creep_24h_static_window_h",
+    "racky.S8.creep_24h_static_rate5m_h",
+    "racky.S8.fast_2h_detect_min",
+    "racky.S8.healthy_false_alarms",
+    "racky.S8.healthy_link_days",
+    "racky.S10.cap_latency_max_s",
+    "racky.S2.training_over_budget_max_pct",
+    "racky.overheat.warn_lead_s",
+    "racky.faults.detected_pct",
+)
+
+
+def load_figures(run: Path) -> list[Figure]:
+    """The run's figures from ``run/results.json``. Raises FileNotFoundError, ValueError."""
+    rows = json.loads((run / "results.json").read_text())
+    keys = ("name", "value", "unit", "target", "comparison", "aim", "detail")
+    return [Figure(**{k: r.get(k) for k in keys if k in r}) for r in rows]
+
+
+def preamble(run: Path) -> str:
+    """The first paragraph under the title of ``run/results.md`` (machine, mode, wall time)."""
+    lines = (run / "results.md").read_text().splitlines()
+    body = [ln for ln in lines[1:] if not ln.startswith("|")]
+    text = "\n".join(body).strip().split("\n\n")[0]
+    return text.strip()
+
+
+def copy_run(run: Path, dest: Path) -> None:
+    """Replace ``dest``'s results and plots by ``run``'s."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in list(dest.glob("*.png")) + [dest / n for n in
+                                           ("results.md", "results.json", "machine.json")]:
+        old.unlink(missing_ok=True)
+    for f in sorted(run.iterdir()):
+        if f.suffix == ".png" or f.name in ("results.md", "results.json", "machine.json"):
+            shutil.copy2(f, dest / f.name)
+
+
+def block(kind: str, run: Path, figures: list[Figure], report: str) -> str:
+    """The README block for ``kind`` (bench|scenarios)."""
+    when = dt.datetime.fromtimestamp((run / "results.json").stat().st_mtime,
+                                     tz=dt.UTC).strftime("%Y-%m-%d")
+    failed = [f for f in figures if f.passed is False]
+    if kind == "bench":
+        rows = [f for f in figures if f.comparison != "info" and f.target is not None]
+        head = (f"Benchmarks, every figure with a target ({len(rows)} of {len(figures)}; "
+                f"all in `{report}`), run {when}:")
+    else:
+        by = {f.name: f for f in figures}
+        rows = [by[n] for n in SCENARIO_HEADLINES if n in by]
+        head = (f"Scenario report, headline rows ({len(rows)} of {len(figures)} figures; "
+                f"all in `{report}`), run {when}:")
+    verdict = (f"{len(failed)} figure(s) below target: "
+               + ", ".join(f"`{f.name}`" for f in failed) if failed
+               else "every figure with a target meets it")
+    return (f"{head}\n\n> {preamble(run)}\n\n{verdict}.\n\n" + markdown_table(rows))
+
+
+def replace_block(readme: str, kind: str, text: str) -> str:
+    """``readme`` with the text between the ``figures:KIND`` markers replaced.
+
+    Raises KeyError when a marker is missing."""
+    start, end = f"<!-- figures:{kind}:start -->", f"<!-- figures:{kind}:end -->"
+    i, j = readme.find(start), readme.find(end)
+    if i < 0 or j < i:
+        raise KeyError(f"README has no {start} ... {end} block")
+    return readme[:i + len(start)] + "\n" + text + readme[j:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", type=Path, help="the --out directory of rackctl bench")
+    ap.add_argument("--scenarios", type=Path, help="the --out directory of rackctl scenarios")
+    ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    args = ap.parse_args(argv)
+    readme = args.readme.read_text()
+    for kind, run, dest in (("bench", args.bench, ROOT / "docs/bench-report"),
+                            ("scenarios", args.scenarios, ROOT / "docs/scenario-report")):
+        if run is None:
+            continue
+        if not (run / "results.json").is_file():
+            print(f"error: {run}/results.json not found", file=sys.stderr)
+            return 2
+        figs = load_figures(run)
+        copy_run(run, dest)
+        try:
+            readme = replace_block(readme, kind, block(
+                kind, run, figs, f"{dest.relative_to(ROOT)}/results.md"))
+        except KeyError as err:
+            print(f"error: {err.args[0]}", file=sys.stderr)
+            return 2
+        print(f"{kind}: {len(figs)} figures -> {dest.relative_to(ROOT)}, README block updated")
+    args.readme.write_text(readme)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""scripts/publish_figures.py: README blocks and docs copies come from a run's results.json."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from rackctl.figures import Figure, write_results
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("publish_figures",
+                                                  ROOT / "scripts" / "publish_figures.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(tmp: Path, figs: list[Figure]) -> Path:
+    out = tmp / "run"
+    write_results(out, figs, "rackplane benchmarks", "Machine: test box. Full run, 12 s wall.")
+    (out / "plot.png").write_bytes(b"\x89PNG fake")
+    return out
+
+
+def test_block_rows_and_verdict_come_from_results_json(tmp_path: Path) -> None:
+    pub = _script()
+    run = _run(tmp_path, [
+        Figure("bench.a", 2.0, "x", 1.0, ">="),
+        Figure("bench.b", 3.0, "ms", 1.0, "<="),
+        Figure("bench.info", 7.0, "n"),
+    ])
+    text = pub.block("bench", run, pub.load_figures(run), "docs/bench-report/results.md")
+    assert "Machine: test box. Full run, 12 s wall." in text
+    assert "`bench.a` | 2 |" in text and "`bench.b` | 3 |" in text
+    assert "bench.info" not in text.split("\n\n", 3)[-1]  # info rows are not in the table
+    assert "1 figure(s) below target: `bench.b`" in text
+
+
+def test_main_rewrites_only_the_marked_block_and_copies_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pub = _script()
+    run = _run(tmp_path, [Figure("bench.a", 2.0, "x", 1.0, ">=")])
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- figures:bench:start -->\nOLD\n"
+                      "<!-- figures:bench:end -->\ntail\n")
+    monkeypatch.setattr(pub, "ROOT", tmp_path)
+    assert pub.main(["--bench", str(run), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "OLD" not in text and text.startswith("intro\n") and text.endswith("tail\n")
+    assert "`bench.a` | 2 |" in text
+    dest = tmp_path / "docs" / "bench-report"
+    assert json.loads((dest / "results.json").read_text())[0]["name"] == "bench.a"
+    assert (dest / "plot.png").is_file()
+    # no marker: a clear error, the README untouched
+    readme.write_text("no markers\n")
+    assert pub.main(["--bench", str(run), "--readme", str(readme)]) == 2
+    assert readme.read_text() == "no markers\n"
