@@ -155,9 +155,13 @@ def lockstep(
     ] = "load-step",
     config: Annotated[Path | None, typer.Option("--config", "-c", help="valvey config")] = None,
 ) -> None:
-    """Run a scenario with valvey's core in lock-step (no sockets) and print its figures."""
+    """Run a scenario with valvey's core in lock-step (no sockets) and print its figures: the
+    scenario report's (`rackctl.lockstep.figures`: errors on the plant's true supply
+    temperature, valve activity on the commands written) and the step errors on the measured
+    PV (sensor noise and lag included)."""
+    from rackctl.lockstep import figures as report_figures
     from rackctl.lockstep import run_valvey
-    from sims.metrics import step_metrics, valve_activity
+    from sims.metrics import step_metrics
     from sims.scenario import load_scenario
     from valvey.app import load_valvey_config
 
@@ -172,19 +176,17 @@ def lockstep(
         task = progress.add_task(f"{sc.name} in lock-step", total=1.0)
         res = run_valvey(sc, cfg, progress=lambda f: progress.update(task, completed=f))
     tr = res.trace
-    figures: dict[str, Any] = {}
+    figures: dict[str, Any] = {"report": report_figures(res)}
     ld = sc.load
     if ld.kind == "step" and ld.step_at_s is not None:
-        figures["step_up"] = step_metrics(
-            tr.t_s, tr.supply_temp_c, tr.setpoint_c, ld.step_at_s, ld.back_at_s
-        ).as_dict()
+        pv: dict[str, Any] = {"step_up": step_metrics(
+            tr.t_s, tr.supply_temp_c, tr.setpoint_c, ld.step_at_s, ld.back_at_s).as_dict()}
         if ld.back_at_s is not None:
-            figures["step_down"] = step_metrics(
-                tr.t_s, tr.supply_temp_c, tr.setpoint_c, ld.back_at_s
-            ).as_dict()
-    figures["valve"] = valve_activity(res.control_periods_cmd, res.loop_period_s).__dict__
-    figures["max_gpu_tj_c"] = max(tr.hottest_gpu_tj_c)
+            pv["step_down"] = step_metrics(
+                tr.t_s, tr.supply_temp_c, tr.setpoint_c, ld.back_at_s).as_dict()
+        figures["measured_pv"] = pv
     figures["alarm_events"] = res.alarm_events
+
     def rounded(x: Any) -> Any:
         if isinstance(x, float):
             return round(x, 3)

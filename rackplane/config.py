@@ -12,6 +12,7 @@ environment (`SecretFromEnv`).
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 import types
@@ -53,6 +54,9 @@ def _strict_problem(annotation: Any, value: Any) -> str | None:
         return f"must be a boolean (true/false), not {type(value).__name__} {value!r}"
     if annotation in (int, float) and isinstance(value, bool | str):
         return f"must be a number, not {type(value).__name__} {value!r}"
+    if annotation is float and isinstance(value, float) and not math.isfinite(value):
+        # TOML has inf and nan: a delay of inf disables what it delays, a nan compares false
+        return f"must be a finite number, not {value!r}"
     return None
 
 
@@ -60,7 +64,7 @@ class StrictModel(BaseModel):
     """Base for every config model: unknown keys are errors, instances are immutable.
 
     Scalars are type-strict (`_strict_problem`): a TOML bool or string never becomes a number,
-    a string never becomes a bool.
+    a string never becomes a bool, a float field is never inf or nan (TOML has both).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)

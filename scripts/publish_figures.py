@@ -14,7 +14,8 @@ For each directory given (the ``--out`` of ``rackctl bench`` / ``rackctl scenari
   rendered from ``results.json`` by `rackctl.figures.markdown_table`.
 
 Nothing is typed in: every row comes from the run's ``results.json``. Exit code 2 when a
-directory or a README marker is missing.
+directory, its results or a README marker is missing or
+malformed (then nothing is copied, deleted or rewritten).
 """
 
 from __future__ import annotations
@@ -65,10 +66,32 @@ SCENARIO_HEADLINES = (
 
 
 def load_figures(run: Path) -> list[Figure]:
-    """The run's figures from ``run/results.json``. Raises FileNotFoundError, ValueError."""
+    """The run's figures from ``run/results.json``, checked.
+
+    Raises:
+        FileNotFoundError: no ``results.json`` / ``results.md`` in ``run``.
+        ValueError: not a list of figures (name and unit strings, value/target/aim a number
+            or null, a known comparison).
+    """
     rows = json.loads((run / "results.json").read_text())
+    if not (run / "results.md").is_file():
+        raise FileNotFoundError(f"{run}/results.md not found")
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{run}/results.json: not a non-empty list of figures")
     keys = ("name", "value", "unit", "target", "comparison", "aim", "detail")
-    return [Figure(**{k: r.get(k) for k in keys if k in r}) for r in rows]
+    figs = []
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or not isinstance(r.get("name"), str) or not isinstance(
+                r.get("unit"), str):
+            raise ValueError(f"{run}/results.json[{i}]: needs string name and unit")
+        for k in ("value", "target", "aim"):
+            v = r.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+                raise ValueError(f"{run}/results.json[{i}].{k}: {v!r} is not a number or null")
+        if r.get("comparison", "info") not in ("<=", ">=", "==", "info"):
+            raise ValueError(f"{run}/results.json[{i}].comparison: {r.get('comparison')!r}")
+        figs.append(Figure(**{k: r[k] for k in keys if k in r}))
+    return figs
 
 
 def preamble(run: Path) -> str:
@@ -127,23 +150,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", type=Path, help="the --out directory of rackctl scenarios")
     ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = ap.parse_args(argv)
+    if args.bench is None and args.scenarios is None:
+        ap.error("nothing to publish: give --bench DIR and/or --scenarios DIR")
     readme = args.readme.read_text()
+    todo = []
+    # check every run and build the README first: nothing is copied or deleted unless all of
+    # it is good
     for kind, run, dest in (("bench", args.bench, ROOT / "docs/bench-report"),
                             ("scenarios", args.scenarios, ROOT / "docs/scenario-report")):
         if run is None:
             continue
-        if not (run / "results.json").is_file():
-            print(f"error: {run}/results.json not found", file=sys.stderr)
-            return 2
-        figs = load_figures(run)
-        copy_run(run, dest)
         try:
+            figs = load_figures(run)
             readme = replace_block(readme, kind, block(
                 kind, run, figs, f"{dest.relative_to(ROOT)}/results.md"))
-        except KeyError as err:
-            print(f"error: {err.args[0]}", file=sys.stderr)
+        except (OSError, ValueError, KeyError) as err:
+            why = err.args[0] if isinstance(err, KeyError) else err
+            print(f"error: {kind} {run}: {why}; nothing published", file=sys.stderr)
             return 2
-        print(f"{kind}: {len(figs)} figures -> {dest.relative_to(ROOT)}, README block updated")
+        todo.append((kind, run, dest, len(figs)))
+    for kind, run, dest, n in todo:
+        copy_run(run, dest)
+        print(f"{kind}: {n} figures -> {dest.relative_to(ROOT)}, README block updated")
     args.readme.write_text(readme)
     return 0
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rackplane.config import StrictModel
 from rackplane.samples import Sample, fresh_value
@@ -99,6 +99,20 @@ class SafetySettings(StrictModel):
     filter_dp: str | None = Field("filter_diff_pressure_kpa")
     filter_dp_high_kpa: float = Field(60.0, gt=0, description="Vertiv: 0.6 bar (REF §1.5)")
     stale_after_s: float = Field(3.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bands(self) -> SafetySettings:
+        # the interlock forces the valves open only while the supply is at or above
+        # setpoint + overtemp_clear_k: a clear band at or above the trip band would trip the
+        # interlock without ever opening them; a no-flow band above the low-flow band would
+        # power the rack down before the cap
+        if self.overtemp_clear_k >= self.overtemp_k:
+            raise ValueError(f"overtemp_clear_k ({self.overtemp_clear_k}) must be below "
+                             f"overtemp_k ({self.overtemp_k})")
+        if self.no_flow_fraction >= self.low_flow_fraction:
+            raise ValueError(f"no_flow_fraction ({self.no_flow_fraction}) must be below "
+                             f"low_flow_fraction ({self.low_flow_fraction})")
+        return self
 
 
 @dataclass(frozen=True, slots=True)

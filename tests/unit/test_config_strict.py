@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from rackplane.config import check_state_file_dir, validate_data
 from rackplane.errors import ConfigError
@@ -100,3 +102,24 @@ def test_racky_state_store_does_not_create_missing_folders(
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "no"))
     store.save(st)  # systemd's StateDirectory: creating inside it is fine
     assert store.path.is_file()
+
+
+def test_inf_and_nan_floats_are_config_errors_with_the_key_path() -> None:
+    """TOML has inf and nan: `overtemp_delay_s = inf` used to pass --check-config and then
+    the over-temperature interlock never tripped (new-user test, stop 11)."""
+    for text, key in (("[safety]\novertemp_delay_s = inf\n", "safety.overtemp_delay_s"),
+                      ("[safety]\novertemp_k = nan\n", "safety.overtemp_k")):
+        with pytest.raises(ConfigError) as exc:
+            validate_data(ValveyConfig, tomllib.loads(text), "v.toml")
+        assert f"{key}: Value error, must be a finite number" in str(exc.value), exc.value
+
+
+def test_overtemp_clear_band_must_be_below_the_trip_band() -> None:
+    """overtemp_clear_k >= overtemp_k tripped the interlock but never forced the valves open."""
+    from valvey.safety import SafetySettings
+
+    with pytest.raises(ValidationError, match=r"overtemp_clear_k .* must be below overtemp_k"):
+        SafetySettings(overtemp_k=5.0, overtemp_clear_k=10.0)
+    with pytest.raises(ValidationError, match=r"no_flow_fraction .* must be below"):
+        SafetySettings(no_flow_fraction=0.6, low_flow_fraction=0.5)
+    SafetySettings(overtemp_k=5.0, overtemp_clear_k=4.9)

@@ -1,4 +1,5 @@
-"""Load profiles (sims/loads.py): values, bounds, determinism, REFERENCE §4.6 statistics."""
+"""Load profiles (sims/workloads.py, imported through the sims/loads.py re-export): values,
+bounds, determinism, REFERENCE §4.6 statistics."""
 
 from __future__ import annotations
 

@@ -63,3 +63,43 @@ def test_main_rewrites_only_the_marked_block_and_copies_the_run(
     readme.write_text("no markers\n")
     assert pub.main(["--bench", str(run), "--readme", str(readme)]) == 2
     assert readme.read_text() == "no markers\n"
+
+
+@pytest.mark.parametrize("rows", [
+    [{"name": "a", "value": "NaN", "unit": "K"}],       # a string where a number belongs
+    [{"name": "a", "value": True, "unit": "K"}],        # a bool is not a number
+    [{"value": 1.0, "unit": "K"}],                       # no name
+    [],                                                  # no figures
+    {"name": "a"},                                       # not a list
+])
+def test_a_bad_run_publishes_nothing_and_deletes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: object) -> None:
+    pub = _script()
+    monkeypatch.setattr(pub, "ROOT", tmp_path)
+    good = _run(tmp_path, [Figure("bench.a", 2.0, "x", 1.0, ">=")])
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- figures:bench:start -->\n<!-- figures:bench:end -->\n")
+    assert pub.main(["--bench", str(good), "--readme", str(readme)]) == 0
+    published = readme.read_text()
+    dest = tmp_path / "docs" / "bench-report"
+    before = sorted(p.name for p in dest.iterdir())
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "results.json").write_text(json.dumps(rows))
+    (bad / "results.md").write_text("# t\n\nMachine: x.\n")
+    assert pub.main(["--bench", str(bad), "--readme", str(readme)]) == 2
+    assert sorted(p.name for p in dest.iterdir()) == before
+    assert json.loads((dest / "results.json").read_text())[0]["name"] == "bench.a"
+    assert readme.read_text() == published
+    # a run without results.md is refused the same way
+    (bad / "results.json").write_text(json.dumps([{"name": "a", "value": 1.0, "unit": "K"}]))
+    (bad / "results.md").unlink()
+    assert pub.main(["--bench", str(bad), "--readme", str(readme)]) == 2
+    assert sorted(p.name for p in dest.iterdir()) == before
+
+
+def test_nothing_to_publish_is_a_usage_error(tmp_path: Path) -> None:
+    pub = _script()
+    with pytest.raises(SystemExit) as exc:
+        pub.main(["--readme", str(tmp_path / "README.md")])
+    assert exc.value.code == 2
