@@ -8,8 +8,10 @@ These models are the one definition of the payload: the simulator validates agai
 (the same fields; racky never imports ``sims``). racky does not run pydantic per message (a
 13 kB message every few ms): it decodes and type-checks with msgspec Structs generated from
 these models (`decode_tray`, `convert_tray`: one definition, the Structs cannot drift),
-refuses a payload whole naming the key path, and additionally refuses non-finite numbers and
-negative powers (both marked below). This module is the only importer of msgspec.
+refuses a payload whole naming the key path (any missing required field, wrong type or
+unknown field), and additionally refuses non-finite numbers, negative powers (marked below),
+negative agent figures, a ``ts_ns`` outside [0, 2**63), a repeated GPU index and a missing
+counter of those it keeps (docs/CONTRACTS.md). This module is the only importer of msgspec.
 
 Units are in the field names (W, W/s, °C, s, MB/s, bytes/s). A value that is not known is
 ``null`` (JSON has no NaN). Tray and GPU indices are 0-based (GPU ``g`` is on tray
@@ -24,7 +26,7 @@ import typing
 from typing import Any
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 __all__ = ["AgentStruct", "AgentTelemetry", "GpuTelemetry", "NotJsonError", "PortBlock",
            "TrayShapeError", "TrayStruct", "TrayTelemetry", "convert_tray", "decode_json",
@@ -119,7 +121,8 @@ class TrayTelemetry(_Payload):
 
 class NotJsonError(ValueError):
     """Bytes that are not one JSON value (not UTF-8, malformed, NaN / Infinity literals, a
-    number beyond a double's range); the message says where."""
+    number beyond a double's range, nesting deeper than msgspec's recursion limit); the
+    message says where."""
 
 
 class TrayShapeError(ValueError):
@@ -173,11 +176,35 @@ _TRAY_DECODER = msgspec.json.Decoder(TrayStruct)
 _JSON_DECODER = msgspec.json.Decoder()
 
 
+def _shape_error(err: msgspec.ValidationError, src: bytes | object) -> TrayShapeError:
+    """msgspec's message, or, where it elides a dict key (``$.gpus[3].ports.counters[...][4]``),
+    the pydantic contract's first error with the full key path (strict mode; only run on a
+    refused message)."""
+    text = str(err)
+    if "[...]" in text:
+        try:
+            if isinstance(src, bytes):
+                TrayTelemetry.model_validate_json(src, strict=True)
+            else:
+                TrayTelemetry.model_validate(src, strict=True)
+        except ValidationError as perr:
+            first = perr.errors()[0]
+            path = "$" + "".join(f"[{k}]" if isinstance(k, int) else f".{k}"
+                                 for k in first["loc"])
+            text = f"{first['msg']} - at `{path}`"
+        except Exception:  # keep msgspec's message (e.g. nesting too deep)
+            pass
+    return TrayShapeError(text)
+
+
 def decode_tray(raw: bytes) -> Any:
     """A ``telemetry/trayNN`` message's bytes as a `TrayStruct`: decoded and type-checked in
     one pass (msgspec 0.23, ~25 µs for a 13 kB tray message). Strict like pydantic's strict
     mode, except that an int is accepted for a float field (as JSON does); integers are not
     range-checked (racky does that); NaN / Infinity are not JSON and are refused.
+
+    Duplicate keys are not detected (msgspec reads the last one; detecting them would need a
+    second parse): the last value of a repeated key wins.
 
     Raises:
         NotJsonError: not JSON (see there).
@@ -186,9 +213,11 @@ def decode_tray(raw: bytes) -> Any:
     try:
         return _TRAY_DECODER.decode(raw)
     except msgspec.ValidationError as err:  # also an integer beyond a double in a float field
-        raise TrayShapeError(str(err)) from None
+        raise _shape_error(err, raw) from None
     except msgspec.DecodeError as err:
         raise NotJsonError(str(err)) from None
+    except RecursionError:  # msgspec raises it for very deep nesting (100k levels)
+        raise NotJsonError("nesting too deep") from None
 
 
 def decode_json(raw: bytes) -> Any:
@@ -201,6 +230,8 @@ def decode_json(raw: bytes) -> Any:
         return _JSON_DECODER.decode(raw)
     except msgspec.DecodeError as err:  # ValidationError too: a number beyond a double
         raise NotJsonError(str(err)) from None
+    except RecursionError:  # msgspec raises it for very deep nesting (100k levels)
+        raise NotJsonError("nesting too deep") from None
 
 
 def convert_tray(obj: Any) -> Any:
@@ -214,7 +245,9 @@ def convert_tray(obj: Any) -> Any:
     try:
         return msgspec.convert(obj, TrayStruct)
     except msgspec.ValidationError as err:
-        raise TrayShapeError(str(err)) from None
+        raise _shape_error(err, obj) from None
+    except RecursionError:
+        raise TrayShapeError("nesting too deep") from None
 
 
 def is_tray_struct(obj: object) -> bool:

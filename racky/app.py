@@ -256,12 +256,14 @@ class Racky:
             return
         t = msg.received_mono or self.clock.monotonic()
         suffix = thing[len(self.cfg.node_agents.tray_thing_prefix):]
+        ingested = False  # tray_payload counts its own refusals in ingest.errors
         try:
-            if not suffix.isdigit():
+            if not (suffix.isascii() and suffix.isdigit()):
                 raise PayloadError(f"topic {thing!r}: not <prefix><tray index>")
             if len(msg.payload) > MAX_INPUT_PAYLOAD_BYTES:
                 raise PayloadError(f"payload: more than {MAX_INPUT_PAYLOAD_BYTES} bytes")
             payload = decode_payload(msg.payload)
+            ingested = True
             self.ingest.tray_payload(payload, t, retained=msg.retain,
                                      expected_tray=int(suffix))
         except StaleMessage as err:
@@ -272,7 +274,10 @@ class Racky:
                 self.log.warning("agent_telemetry_not_newest", thing=thing, error=str(err),
                                  note="refused, not taken as fresh; counted in stale_messages")
             return
-        except (ValueError, PayloadError, RecursionError) as err:
+        except (ValueError, RecursionError) as err:  # PayloadError is a ValueError
+            if not ingested or not isinstance(err, PayloadError):  # not counted yet: a bad
+                # topic, oversize, not JSON, not the contract
+                self.ingest.errors += 1  # every refused tray message counts (state/health)
             why = str(err)[:200]
             if self._payload_problem.get(thing) != why:
                 self._payload_problem[thing] = why
@@ -556,7 +561,10 @@ class Racky:
         self.mqtt.publish_state("health", self.health())
 
     def health(self) -> dict[str, Any]:
-        """Self-metrics for the retained ``state/health`` topic."""
+        """Self-metrics for the retained ``state/health`` topic (``agents.payload_errors``:
+        every refused tray message since start, whatever the reason: bad topic, oversize, not
+        JSON, not the contract, a bad value; ``agents.stale_messages``: retained, duplicate
+        and out-of-order ones)."""
         w = self.writer.stats
         return {
             "uptime_s": round(self.clock.monotonic() - self._started, 1),

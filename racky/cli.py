@@ -74,7 +74,7 @@ def racky(
             f"config OK: {config or '<embedded defaults>'}; {len(cfg.power_shelves)} power "
             f"shelves; discovery {'on' if cfg.discovery.enabled else 'off'}; node agents "
             f"'{a.daemon}' ({a.trays} trays x {a.gpus_per_tray} GPUs); budget "
-            f"{cfg.power.budget_w or 'none'} W; state file "
+            f"{'none' if cfg.power.budget_w is None else f'{cfg.power.budget_w:g} W'}; state file "
             f"{state_path(cfg.lifecycle.state_file)}; broker {cfg.mqtt.host}:{cfg.mqtt.port}; "
             f"tsdb {cfg.tsdb.url or 'embedded spool'}", highlight=False, markup=False,
         )

@@ -12,11 +12,12 @@ Speed (issue 8, receive path; bench ``bench.receive``): a tray message is ~13 kB
 type-checks it in one pass into the contract's msgspec Struct (`rackplane.tray_contract.
 decode_tray`, generated from the pydantic models); the typed path (`TelemetryIngest.
 _parse_struct`: value checks and one numpy conversion per kind of column over the whole tray)
-only ever *accepts*. Whenever the Struct decode or the typed path cannot vouch for a payload
-(a wrong type, a missing optional field, an unknown field, a non-finite or negative value),
-the per-field checks on the plain JSON (the reference, which name the key path) decide. The
-two agree exactly (tests/unit/test_racky_telemetry.py compares them on hundreds of mutated
-payloads).
+only ever *accepts*. A payload that is not the contract (a wrong type, a missing required or
+an unknown field: the Struct decode fails) is refused at once with msgspec's key path; when
+the typed path cannot vouch for a payload of the contract's shape (a non-finite, negative or
+out-of-range value, a repeated GPU index, a missing counter), the per-field value checks
+(the reference, which name the key path) decide. The two agree exactly
+(tests/unit/test_racky_telemetry.py compares them on hundreds of mutated payloads).
 
 `LinkFrame` holds the latest read of every port in columns (shape (ports,) per quantity,
 counters (counters, ports) as uint64 in their native width's range): the detectors work on
@@ -40,7 +41,6 @@ from rackplane.tray_contract import (
     NotJsonError,
     TrayShapeError,
     convert_tray,
-    decode_json,
     decode_tray,
     is_tray_struct,
     struct_to_builtins,
@@ -63,35 +63,38 @@ CLOCK_STEP_BACK_NS = 300 * 10**9
 (MQTT redelivers a QoS 1 message within seconds; 300 s leaves a wide margin)."""
 
 
+TS_NS_MAX = 2**63 - 1
+"""Largest ``ts_ns`` racky accepts (a signed 64-bit ns count since the epoch, as agents keep
+it; a ``ts_ns`` must be an integer in [0, TS_NS_MAX])."""
+
+
 AgentReading = AgentStruct
 """A tray's node agent as reported (the enforced caps and settings in force): the contract's
 ``AgentTelemetry`` as its frozen msgspec Struct (`rackplane.tray_contract.AgentStruct`: same
-fields, keyword construction), the decoded block itself, or built from the per-field checks
-with unknown optional values read as NaN / None / False."""
+fields, keyword construction), the decoded block itself, or rebuilt by the per-field checks
+(null caps and ramp limits: None)."""
 
 
 def decode_payload(raw: bytes) -> Any:
-    """A tray message's bytes (UTF-8 JSON): the contract's `TrayStruct` when they have its
-    shape (decoded and type-checked in one pass by msgspec, ~25 µs for 13 kB, the speed of a
-    plain JSON decode), else the plain JSON value, which `TelemetryIngest.tray_payload` then
-    checks field by field (accepting the lenient cases, refusing the others naming the key
-    path).
+    """A tray message's bytes (UTF-8 JSON) as the contract's `TrayStruct` (decoded and
+    type-checked in one pass by msgspec, ~25 µs for 13 kB, the speed of a plain JSON decode),
+    which `TelemetryIngest.tray_payload` then checks for values.
 
-    NaN / Infinity literals, numbers that overflow a double and invalid UTF-8 are not JSON
-    and are refused here (racky's checks refuse non-finite numbers anyway); an integer beyond
-    64 bits stays an int (then refused by the range checks).
+    Strict as the contract (`rackplane.tray_contract.TrayTelemetry`): every required field
+    present (``leak``, ``ts_ns``, every agent field …), types as the models say (an int is
+    accepted for a float; ``1.5`` or ``"1"`` is not an int), unknown fields refused. NaN /
+    Infinity literals, numbers that overflow a double, invalid UTF-8 and nesting too deep to
+    decode are not JSON. A repeated key is not detected: its last value wins (msgspec).
 
     Raises:
-        PayloadError: not UTF-8 or not valid JSON (nothing is applied).
+        PayloadError: not valid JSON, or not the contract (msgspec's message names the key
+            path, e.g. ``Object missing required field `leak```, ``... - at `$.ts_ns```);
+            nothing is applied.
     """
     try:
         return decode_tray(raw)
-    except TrayShapeError:
-        pass
-    except NotJsonError as err:
-        raise PayloadError(f"payload: not valid JSON ({err})") from None
-    try:
-        return decode_json(raw)
+    except TrayShapeError as err:
+        raise PayloadError(f"payload: not the tray contract ({err})") from None
     except NotJsonError as err:
         raise PayloadError(f"payload: not valid JSON ({err})") from None
 
@@ -269,6 +272,17 @@ def _opt(d: Mapping[str, Any], key: str, path: str) -> float | None:
     return None if math.isnan(f) else f
 
 
+def _agent_num(a: Mapping[str, Any], key: str, *, nullable: bool = False) -> float | None:
+    """An agent-block number (a power, cap, ramp, percentage or duration): finite and >= 0
+    (docs/CONTRACTS.md: negative powers are refused), or None where ``nullable`` (none set)."""
+    f = _num(a, key, "agent", optional=nullable)
+    if math.isnan(f):
+        return None
+    if f < 0:
+        raise PayloadError(f"agent.{key}: {f!r} is negative")
+    return f
+
+
 def _bool(d: Mapping[str, Any], key: str, path: str, default: bool | None = None) -> bool:
     v = d.get(key, default)
     if not isinstance(v, bool):
@@ -334,7 +348,7 @@ def _float_column(vals: list[Any], *, nullable: bool, non_negative: bool) -> Flo
 _AGENT_NUMS = ("enforced_gpu_cap_w", "enforced_tray_cap_w", "floor_w", "power_floor_pct",
                "ramp_down_hysteresis_s", "power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s",
                "ramp_down_w_per_s")
-"""The agent block's numbers (finite when given; the last four may be null)."""
+"""The agent block's numbers (finite and >= 0 when given; the last four may be null)."""
 
 
 def _u64_column(vals: Any, n: int) -> npt.NDArray[np.uint64] | None:
@@ -411,8 +425,13 @@ class TelemetryIngest:
         overwrites another tray's reading.
 
         Raises:
-            PayloadError: anything unusable (nothing is applied then); `StaleMessage` for the
-                cases above (counted in ``stale_messages``, not in ``errors``).
+            PayloadError: anything unusable (nothing is applied then; counted in ``errors``):
+                not the contract (a plain dict is converted with `convert_tray`, as strict as
+                `decode_payload`), ``ts_ns`` outside [0, `TS_NS_MAX`], a tray or GPU index
+                out of range or repeated, a non-finite number, a negative power / rate / BER /
+                agent figure, a counter of ``counter_names`` missing or outside [0, 2**64),
+                wrong list lengths; `StaleMessage` for the cases above (counted in
+                ``stale_messages``, not in ``errors``).
         """
         if retained:
             self.stale_messages += 1
@@ -425,44 +444,43 @@ class TelemetryIngest:
         except PayloadError:
             self.errors += 1
             raise
-        if ts is not None:
-            last = self.last_ts_ns.get(reading.tray)
-            if last is not None and ts <= last:
-                if last - ts <= CLOCK_STEP_BACK_NS:
-                    self.stale_messages += 1
-                    raise StaleMessage("ts_ns not newer than the tray's last message "
-                                       "(duplicate or out of order)")
-                self.clock_steps += 1
-            self.last_ts_ns[reading.tray] = ts
+        last = self.last_ts_ns.get(reading.tray)
+        if last is not None and ts <= last:
+            if last - ts <= CLOCK_STEP_BACK_NS:
+                self.stale_messages += 1
+                raise StaleMessage("ts_ns not newer than the tray's last message "
+                                   "(duplicate or out of order)")
+            self.clock_steps += 1
+        self.last_ts_ns[reading.tray] = ts
         if ports:
             self._write_ports(ports, t_mono)
         self.trays[reading.tray] = reading
         return reading
 
     def _parse_any(self, payload: Any, t_mono: float
-                   ) -> tuple[TrayReading, _TrayPorts | list[_PortBlock], int | None]:
-        """(reading, ports, the agent's ``ts_ns`` or None) from a `TrayStruct` (as
-        `decode_payload` returns) or plain JSON: the typed path when the payload has the
-        contract's shape and passes, else the per-field checks (which refuse naming the key
-        path)."""
-        fields = payload
-        m: Any = None
+                   ) -> tuple[TrayReading, _TrayPorts | list[_PortBlock], int]:
+        """(reading, ports, the agent's ``ts_ns``) from a `TrayStruct` (as `decode_payload`
+        returns) or plain JSON: refused naming msgspec's key path unless it is the contract
+        (`convert_tray`); then the typed path when it can vouch for the values, else the
+        per-field value checks (which refuse naming the key path)."""
         if is_tray_struct(payload):
-            m = payload
+            m: Any = payload
         elif isinstance(payload, dict):
             try:
                 m = convert_tray(payload)
-            except TrayShapeError:
-                m = None
-        if m is not None:
-            out = self._parse_struct(m, t_mono)
-            if out is not None:
-                return out[0], out[1], m.ts_ns
-            if fields is m:
-                fields = struct_to_builtins(m)
-        reading, ports = self._parse(fields, t_mono)
-        ts = fields.get("ts_ns")
-        return reading, ports, ts if isinstance(ts, int) and not isinstance(ts, bool) else None
+            except TrayShapeError as err:
+                raise PayloadError(f"payload: not the tray contract ({err})") from None
+        else:
+            raise PayloadError("payload: not a JSON object")
+        ts = m.ts_ns  # an int (msgspec refuses a bool or a float there)
+        if not 0 <= ts <= TS_NS_MAX:
+            raise PayloadError(f"ts_ns: {ts!r} is not in [0, 2**63) ns since the epoch")
+        out = self._parse_struct(m, t_mono)
+        if out is not None:
+            return out[0], out[1], ts
+        reading, ports = self._parse(payload if payload is not m else struct_to_builtins(m),
+                                     t_mono)
+        return reading, ports, ts
 
     def _parse_struct(self, m: Any, t_mono: float
                       ) -> tuple[TrayReading, _TrayPorts | list[_PortBlock]] | None:
@@ -479,15 +497,15 @@ class TelemetryIngest:
         agent = m.agent
         for key in _AGENT_NUMS:
             x = getattr(agent, key)
-            if x is not None and not math.isfinite(x):
+            if x is not None and not (math.isfinite(x) and x >= 0):
                 return None
         power_w = m.power_w
         if not (math.isfinite(power_w) and power_w >= 0 and math.isfinite(m.coolant_out_temp_c)):
             return None
         gis = [x.gpu for x in gl]
         lo = tray * g
-        if min(gis) < lo or max(gis) >= lo + g:
-            return None
+        if min(gis) < lo or max(gis) >= lo + g or len(set(gis)) != g:
+            return None  # out of the tray's range, or a GPU repeated (and so another missing)
         arr = _float_column([x.power_w for x in gl] + [x.demand_w for x in gl]
                             + [x.temp_c for x in gl] + [x.t_limit_c for x in gl]
                             + [x.traffic for x in gl] + [x.uptime_s for x in gl],
@@ -531,28 +549,21 @@ class TelemetryIngest:
         a = p.get("agent")
         if not isinstance(a, dict):
             raise PayloadError("agent: missing")
+        nums = {k: _agent_num(a, k, nullable=k in _AGENT_NUMS[5:]) for k in _AGENT_NUMS}
         agent = AgentReading(
-            enforced_gpu_cap_w=_num(a, "enforced_gpu_cap_w", "agent"),
-            enforced_tray_cap_w=_num(a, "enforced_tray_cap_w", "agent"),
-            floor_w=_num(a, "floor_w", "agent", optional=True),
-            power_cap_w=_opt(a, "power_cap_w", "agent"),
-            gpu_power_cap_w=_opt(a, "gpu_power_cap_w", "agent"),
-            power_floor_pct=_num(a, "power_floor_pct", "agent", optional=True),
-            ramp_up_w_per_s=_opt(a, "ramp_up_w_per_s", "agent"),
-            ramp_down_w_per_s=_opt(a, "ramp_down_w_per_s", "agent"),
-            ramp_down_hysteresis_s=_num(a, "ramp_down_hysteresis_s", "agent", optional=True),
-            capping=_bool(a, "capping", "agent", False),
-            flooring=_bool(a, "flooring", "agent", False),
-            ramp_limited=_bool(a, "ramp_limited", "agent", False),
+            **nums,  # the required ones are never None (`_agent_num` raises)
+            capping=_bool(a, "capping", "agent"),
+            flooring=_bool(a, "flooring", "agent"),
+            ramp_limited=_bool(a, "ramp_limited", "agent"),
         )
         gl = _list(p, "gpus", "payload", self.gpus_per_tray)
         idx, cols, thr, down, boot, blocks = self._gpus_checked(gl, tray)
         reading = TrayReading(
             tray=tray, t_mono=float(t_mono), powered=_bool(p, "powered", "payload"),
             power_w=_watts(p, "power_w", "payload"),
-            coolant_out_temp_c=_num(p, "coolant_out_temp_c", "payload", optional=True),
-            leak=_bool(p, "leak", "payload", False),
-            leak_sensor_fault=_bool(p, "leak_sensor_fault", "payload", False), agent=agent,
+            coolant_out_temp_c=_num(p, "coolant_out_temp_c", "payload"),
+            leak=_bool(p, "leak", "payload"),
+            leak_sensor_fault=_bool(p, "leak_sensor_fault", "payload"), agent=agent,
             gpu_index=idx, gpu_power_w=cols[0], gpu_demand_w=cols[1],
             gpu_temp_c=cols[2], gpu_t_limit_c=cols[3], gpu_throttled=thr,
             gpu_shut_down=down, gpu_traffic=cols[4], gpu_uptime_s=cols[5],
@@ -584,6 +595,9 @@ class TelemetryIngest:
             lo = tray * g
             if isinstance(gi, bool) or not isinstance(gi, int) or not lo <= gi < lo + g:
                 raise PayloadError(f"{path}.gpu: {gi!r} is not a GPU of tray {tray}")
+            if gi in idx[:i]:
+                raise PayloadError(f"{path}.gpu: {gi} repeats an earlier GPU of the tray "
+                                   "(and so another GPU is missing)")
             idx[i] = gi
             cols[0, i] = _watts(gp, "power_w", path)
             cols[1, i] = _watts(gp, "demand_w", path, optional=True)
@@ -612,8 +626,8 @@ class TelemetryIngest:
         (it never refuses), and then `_check_ports` decides per block and names the key path.
         It accepts exactly what `_check_ports` accepts when it returns a value: one non-empty
         port count for every list (the frame's, once learnt), rates finite and >= 0,
-        ``ber`` / ``cable_temp_c`` finite (>= 0 for BER) or null, the same counters carried
-        by every GPU, in [0, 2**64)."""
+        ``ber`` / ``cable_temp_c`` finite (>= 0 for BER) or null, every counter of
+        ``counter_names`` carried by every GPU (other names ignored), in [0, 2**64)."""
         g = len(pbs)
         if len(set(gis)) != g:
             return None
@@ -649,12 +663,12 @@ class TelemetryIngest:
                 return None
             cable = got
         ctrs = [pb.counters for pb in pbs]
-        rows = [r for r, name in enumerate(self.counter_names) if name in ctrs[0]]
-        keys = [self.counter_names[r] for r in rows]
+        keys = self.counter_names
+        rows = list(range(len(keys)))
         counters = None
-        for c in ctrs[1:]:
-            if [r for r, name in enumerate(self.counter_names) if name in c] != rows:
-                return None  # the GPUs carry different counters
+        for c in ctrs:
+            if not all(k in c for k in keys):
+                return None  # a counter racky keeps is missing: `_check_ports` refuses
         if rows:
             ints = [c[k] for c in ctrs for k in keys]
             if set(map(len, ints)) != {n}:
@@ -704,7 +718,8 @@ class TelemetryIngest:
         for name in self.counter_names:
             vals = ctr.get(name)
             if vals is None:
-                continue
+                raise PayloadError(f"{path}.counters.{name}: missing (racky keeps it: config "
+                                   "links.counters)")
             col = _u64_column(vals, n)
             if col is None:
                 raise PayloadError(f"{path}.counters.{name}: expected {n} unsigned integers")

@@ -114,7 +114,7 @@ def test_a_tray_message_on_another_trays_topic_is_refused(racky: Racky) -> None:
     for thing in ("tray07", "trayX"):
         racky._on_agent_telemetry(_msg(f"{racky.agent_base}/telemetry/{thing}", p,
                                        retain=False, t=50.0))
-    assert racky.ingest.trays == {} and racky.ingest.errors == 1
+    assert racky.ingest.trays == {} and racky.ingest.errors == 2  # both counted
     assert set(racky._payload_problem) == {"tray07", "trayX"}
 
 
@@ -170,3 +170,36 @@ def test_an_oversized_payload_is_refused_before_parsing(racky: Racky) -> None:
     racky._on_cooling(Message(racky.cooling_topic, big, received_mono=5.0))
     assert racky.cooling_reading() is None
     assert "more than" in racky._payload_problem["cooling_state"]
+
+
+def test_h8_every_refused_tray_message_is_counted_and_logged_once_per_change(
+        racky: Racky) -> None:
+    """Refusals before the ingest (bad topic, oversize, not JSON, too deep, not the contract)
+    count in ``payload_errors`` like the ingest's own; the log line comes once per change of
+    reason, not once per message."""
+    from structlog.testing import capture_logs
+
+    from racky.app import MAX_INPUT_PAYLOAD_BYTES
+    from sims.telemetry import tray_payloads
+
+    sc = load_scenario("load-step-short").model_copy(
+        update={"fabric": FabricSpec(enabled="off")})
+    run = ScenarioRun(sc, model="rack")
+    run.step(1.0)
+    assert run.rack is not None
+    _, p = next(iter(tray_payloads(run.rack, Identity(), WALL0)))
+    base = f"{racky.agent_base}/telemetry/tray{p['tray']:02d}"
+    negative = json.dumps({**p, "power_w": -5.0}).encode()
+    no_leak = json.dumps({k: v for k, v in p.items() if k != "leak"}).encode()
+    sent = ([(base, b"not json")] * 5
+            + [(base, b'{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}")] * 3
+            + [(base, b" " * (MAX_INPUT_PAYLOAD_BYTES + 1))] * 3
+            + [(f"{racky.agent_base}/telemetry/trayXX", json.dumps(p).encode())] * 2
+            + [(base, negative)] * 4 + [(base, no_leak)])
+    with capture_logs() as logs:
+        for i, (topic, raw) in enumerate(sent):
+            racky._on_agent_telemetry(Message(topic, raw, received_mono=100.0 + i))
+    assert racky.health()["agents"]["payload_errors"] == len(sent) == 18
+    assert racky.ingest.trays == {}
+    refused = [e for e in logs if e["event"] == "agent_telemetry_refused"]
+    assert len(refused) == 6  # one per change of reason (trayXX has its own)

@@ -133,6 +133,7 @@ def test_duplicate_reordered_and_retained_messages_are_not_taken_as_fresh(
 
     ing = _ingest()
     p0 = copy.deepcopy(payloads[3])
+    p0["ts_ns"] = 1_800_000_000 * 10**9  # a wall-clock time (ns), so a step back stays >= 0
     p1 = copy.deepcopy(p0)
     p1["ts_ns"] = p0["ts_ns"] + 10**9
     p1["gpus"][0]["ports"]["counters"]["rx_bytes"][0] += 1000
@@ -178,10 +179,14 @@ def _outcome(ing: TelemetryIngest, p: Any, t: float) -> tuple[Any, ...]:
                                 r.gpu_throttled.tobytes())
     except PayloadError as err:
         res = ("refused", str(err))
+    return (*res, *_frame_state(ing))
+
+
+def _frame_state(ing: TelemetryIngest) -> tuple[Any, ...]:
     f = ing.frame
     if f is None:
-        return res
-    return (*res, tuple(f.names), f.is_nvlink.tobytes(), f.link_up.tobytes(),
+        return ()
+    return (tuple(f.names), f.is_nvlink.tobytes(), f.link_up.tobytes(),
             f.speed_mb_per_s.tobytes(), f.tx_bytes_per_s.tobytes(), f.rx_bytes_per_s.tobytes(),
             f.ber.tobytes(), f.cable_temp_c.tobytes(), f.counters.tobytes(),
             f.counter_seen.tobytes(), f.uptime_s.tobytes(), f.boot_id.tobytes(),
@@ -262,12 +267,17 @@ def test_bytes_decode_agrees_with_the_per_field_checks(
         raw = json.dumps({**case, "ts_ns": i}).encode()
         t = float(i + 1)
         if b"NaN" in raw or b"Infinity" in raw:
-            with pytest.raises(PayloadError, match="not valid JSON"):
+            with pytest.raises(PayloadError, match=r"not valid JSON|not the tray contract"):
                 tm.decode_payload(raw)
             continue
-        decoded = tm.decode_payload(raw)
-        typed += type(decoded) is not dict
-        a = _outcome(fast, decoded, t)
+        try:
+            decoded = tm.decode_payload(raw)
+        except PayloadError as err:  # not the contract: refused on decode, not counted here
+            fast.errors += 1
+            a: tuple[Any, ...] = ("refused", str(err), *_frame_state(fast))
+        else:
+            typed += 1
+            a = _outcome(fast, decoded, t)
         monkeypatch.setattr(tm.TelemetryIngest, "_parse_struct", lambda *_: None)
         b = _outcome(slow, json.loads(raw), t)
         monkeypatch.undo()
@@ -282,8 +292,8 @@ def test_bytes_decode_agrees_with_the_per_field_checks(
 def test_not_json_is_refused_naming_the_payload() -> None:
     from racky.telemetry import decode_payload
 
-    for raw in (b"{", b"[NaN]", b'{"power_w": 1e400}', b"\xff\xfe"):
-        with pytest.raises(PayloadError, match="payload: not valid JSON"):
+    for raw in (b"{", b'{"power_w": NaN}', b'{"power_w": 1e400}', b"\xff\xfe"):
+        with pytest.raises(PayloadError, match=r"payload: not (valid JSON|the tray contract)"):
             decode_payload(raw)
 
 
@@ -310,3 +320,131 @@ def test_generated_structs_read_a_payload_as_the_pydantic_contract_does(
     del missing["gpus"][1]["ports"]["names"]
     with pytest.raises(TrayShapeError, match=r"names.*\$\.gpus\[1\]\.ports"):
         decode_tray(json.dumps(missing).encode())
+
+
+# --- the contract is enforced whole (new-user findings, H8) ------------------------------------
+
+
+def _raw(p: Any) -> bytes:
+    return json.dumps(p).encode()
+
+
+def _refused_both_ways(p: dict[str, Any], match: str) -> None:
+    """Refused from the bytes (`decode_payload`, then `tray_payload`) and from the dict (the
+    lock-step runner's way), naming ``match``; nothing stored."""
+    from racky.telemetry import decode_payload
+
+    ing = _ingest()
+    with pytest.raises(PayloadError, match=match):
+        ing.tray_payload(decode_payload(_raw(p)), 1.0)
+    with pytest.raises(PayloadError, match=match):
+        ing.tray_payload(copy.deepcopy(p), 1.0)
+    assert ing.trays == {} and ing.frame is None
+
+
+def test_h8_a_missing_leak_flag_is_refused_not_read_as_dry(
+        payloads: list[dict[str, Any]]) -> None:
+    p = copy.deepcopy(payloads[2])
+    del p["leak"]  # a wet tray whose agent drops the field must not read as dry
+    _refused_both_ways(p, "missing required field `leak`")
+    q = copy.deepcopy(payloads[2])
+    del q["leak_sensor_fault"]
+    _refused_both_ways(q, "leak_sensor_fault")
+
+
+@pytest.mark.parametrize("bad", [1.5, -1, "1", 2**63, 2**64, 10**40, True, None, "missing"])
+def test_h8_ts_ns_must_be_a_non_negative_int64(payloads: list[dict[str, Any]],
+                                                 bad: object) -> None:
+    p = copy.deepcopy(payloads[2])
+    if bad == "missing":
+        del p["ts_ns"]
+    else:
+        p["ts_ns"] = bad
+    _refused_both_ways(p, "ts_ns")
+
+
+def test_h8_ts_ns_at_the_ends_of_its_range_is_accepted(payloads: list[dict[str, Any]]) -> None:
+    from racky.telemetry import TS_NS_MAX, decode_payload
+
+    for ts in (0, TS_NS_MAX):
+        ing = _ingest()
+        assert ing.tray_payload(decode_payload(_raw({**payloads[2], "ts_ns": ts})), 1.0)
+        assert ing.last_ts_ns[2] == ts
+
+
+def test_h8_a_repeated_gpu_index_is_refused(payloads: list[dict[str, Any]]) -> None:
+    p = copy.deepcopy(payloads[2])
+    p["gpus"][1]["gpu"] = p["gpus"][0]["gpu"]  # [8 8 10 11]: GPU 9 would go missing
+    _refused_both_ways(p, r"gpus\[1\]\.gpu: 8 repeats")
+    q = copy.deepcopy(payloads[2])
+    for g in q["gpus"]:
+        g["ports"] = None  # no port blocks: the GPU check alone must catch it
+    q["gpus"][3]["gpu"] = q["gpus"][2]["gpu"]
+    _refused_both_ways(q, r"gpus\[3\]\.gpu: 10 repeats")
+
+
+@pytest.mark.parametrize("key", ["enforced_gpu_cap_w", "enforced_tray_cap_w", "floor_w",
+                                 "power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s",
+                                 "ramp_down_w_per_s", "power_floor_pct",
+                                 "ramp_down_hysteresis_s"])
+def test_h8_negative_agent_powers_caps_and_ramps_are_refused(
+        payloads: list[dict[str, Any]], key: str) -> None:
+    p = copy.deepcopy(payloads[2])
+    p["agent"][key] = -1.0
+    _refused_both_ways(p, f"agent.{key}: -1.0 is negative")
+
+
+def test_h8_the_fallback_follows_the_contract(payloads: list[dict[str, Any]]) -> None:
+    """Whatever the typed path cannot vouch for is refused as the contract says: every
+    required field present, types as the models say, unknown fields refused, every counter
+    racky keeps present; counter names racky does not keep are ignored (typed still); a
+    repeated JSON key is not detected, its last value wins (docs/CONTRACTS.md)."""
+    from racky.telemetry import decode_payload
+
+    base = payloads[2]
+    _refused_both_ways({**copy.deepcopy(base), "site": 123}, r"\$\.site")
+    no_floor = copy.deepcopy(base)
+    del no_floor["agent"]["floor_w"]
+    _refused_both_ways(no_floor, r"floor_w.*\$\.agent")
+    extra = copy.deepcopy(base)
+    extra["agent"]["surprise"] = 1
+    _refused_both_ways(extra, r"surprise.*\$\.agent")
+    no_ctr = copy.deepcopy(base)
+    del no_ctr["gpus"][1]["ports"]["counters"]["symbol_error"]
+    _refused_both_ways(no_ctr, r"gpus\[gpu=9\]\.ports\.counters\.symbol_error: missing")
+    bad = copy.deepcopy(base)
+    bad["gpus"][3]["ports"]["counters"]["carrier_changes"][4] = 1.5
+    _refused_both_ways(bad, r"\$\.gpus\[3\]\.ports\.counters\.carrier_changes\[4\]")
+    # a counter racky does not keep: ignored, the frame is what it is without it
+    n = len(base["gpus"][0]["ports"]["names"])
+    unknown = copy.deepcopy(base)
+    for g in unknown["gpus"]:
+        g["ports"]["counters"]["vendor_ctr"] = [7] * n
+    a, b = _ingest(), _ingest()
+    a.tray_payload(decode_payload(_raw(unknown)), 1.0)
+    b.tray_payload(decode_payload(_raw(base)), 1.0)
+    assert a.frame is not None and b.frame is not None
+    np.testing.assert_array_equal(a.frame.counters, b.frame.counters)
+    unknown["gpus"][0]["ports"]["counters"]["vendor_ctr"][0] = "x"  # still the contract's type
+    _refused_both_ways(unknown, r"vendor_ctr")
+    # a repeated key: the last one wins
+    ing = _ingest()
+    r = ing.tray_payload(decode_payload(b'{"tray": 7, "leak": true, ' + _raw(base)[1:]), 1.0)
+    assert r.tray == base["tray"] and r.leak is base["leak"]
+
+
+def test_h8_very_deep_nesting_is_a_payload_error_not_a_recursion_error() -> None:
+    from rackplane.tray_contract import NotJsonError, decode_json
+    from racky.telemetry import decode_payload
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for raw in (b'{"x":' + deep + b"}", deep, b'{"gpus":' + deep + b"}"):
+        with pytest.raises(PayloadError, match="payload: not"):
+            decode_payload(raw)
+    with pytest.raises(NotJsonError, match="too deep"):
+        decode_json(b'{"x":' + deep + b"}")
+    nested: list[Any] = []
+    for _ in range(100_000):
+        nested = [nested]
+    with pytest.raises(PayloadError):
+        _ingest().tray_payload({"gpus": nested}, 1.0)
