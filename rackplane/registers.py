@@ -930,6 +930,13 @@ class BlockDecoder:
         values = [int(v) for v in data]
         if len(values) < self._count or (values and (min(values) < 0 or max(values) > 0xFFFF)):
             return _decode_block_by_point(self.block, values, ts_ns, t_mono)
+        return self.decode_words(values, ts_ns, t_mono)
+
+    def decode_words(self, values: Sequence[int], ts_ns: int, t_mono: float) -> BlockDecode:
+        """`decode` for a reply already known to be well formed: at least ``block.count``
+        ints, each 0..0xFFFF (registers), or 0/1 (bits). pymodbus' register replies are
+        (unpacked as ``>H``), so a poller skips ``decode``'s copy and range check per reply;
+        anything else must go through `decode`. Same samples as `decode`."""
         samples: list[Sample] = []
         append = samples.append
         suspect_order: list[str] = []
