@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -27,6 +25,7 @@ import pytest
 
 from rackctl.client import ClientSettings, CommandClient
 from rackplane.mqtt import Message
+from tests.integration import harness
 from tests.integration.harness import Proc, valvey_proc, write_valvey_config
 from tests.servers import Mosquitto, free_port
 
@@ -38,37 +37,8 @@ LOOP_LAG_MAX_S = 0.1  # BR-24 d b), d): loop lag < 100 ms
 BURST = 1000  # BR-24 d: commands in the burst (the field case says 100; ten times that here)
 
 
-class NotifySocket:
-    """A datagram socket standing in for systemd's: records (monotonic s, message)."""
-
-    def __init__(self) -> None:
-        self.name = f"@rp-notify-{uuid.uuid4().hex[:12]}"
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind("\0" + self.name[1:])
-        self.sock.settimeout(0.2)
-        self.records: list[tuple[float, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(4096)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self.records.append((time.monotonic(), data.decode(errors="replace")))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self.sock.close()
-
-    def times(self, line: str) -> list[float]:
-        """When each message containing the line ``line`` (e.g. ``WATCHDOG=1``) arrived."""
-        return [t for t, msg in list(self.records) if line in msg.split("\n")]
+class NotifySocket(harness.NotifySocket):
+    """The harness's stand-in for systemd's ``NOTIFY_SOCKET``, plus a wait on its records."""
 
     async def until(self, pred: Callable[[], bool], what: str, proc: Proc,
                     timeout_s: float = 20.0) -> None:
