@@ -36,6 +36,18 @@ def _msg(topic: str, body: dict[str, Any], *, retain: bool, t: float) -> Message
     return Message(topic, json.dumps(body).encode(), qos=1, retain=retain, received_mono=t)
 
 
+def _first_tray_payload() -> tuple[str, dict[str, Any]]:
+    """(topic, payload) of tray 0 after one plant second of the virtual rack (no links)."""
+    from sims.telemetry import tray_payloads
+
+    sc = load_scenario("load-step-short").model_copy(
+        update={"fabric": FabricSpec(enabled="off")})
+    run = ScenarioRun(sc, model="rack")
+    run.step(1.0)
+    assert run.rack is not None
+    return next(iter(tray_payloads(run.rack, Identity(), WALL0)))
+
+
 def test_a_retained_cooling_state_counts_with_its_age_never_as_fresh(racky: Racky) -> None:
     stale = racky.cfg.power.derate.stale_after_s
     st = {"supply_temp_c": 45.2, "setpoint_c": 45.0, "flow_lpm": 900.0,
@@ -77,14 +89,7 @@ def test_garbage_cooling_payloads_are_refused_and_the_reading_ages(racky: Racky)
 
 
 def test_retained_and_duplicated_tray_telemetry_does_not_refresh_the_tray(racky: Racky) -> None:
-    from sims.telemetry import tray_payloads
-
-    sc = load_scenario("load-step-short").model_copy(
-        update={"fabric": FabricSpec(enabled="off")})
-    run = ScenarioRun(sc, model="rack")
-    run.step(1.0)
-    assert run.rack is not None
-    topic, p = next(iter(tray_payloads(run.rack, Identity(), WALL0)))
+    topic, p = _first_tray_payload()
     thing = topic.rsplit("/", 1)[-1]
     t_topic = f"{racky.agent_base}/telemetry/{thing}"
     racky._on_agent_telemetry(_msg(t_topic, p, retain=False, t=100.0))
@@ -101,14 +106,7 @@ def test_retained_and_duplicated_tray_telemetry_does_not_refresh_the_tray(racky:
 
 
 def test_a_tray_message_on_another_trays_topic_is_refused(racky: Racky) -> None:
-    from sims.telemetry import tray_payloads
-
-    sc = load_scenario("load-step-short").model_copy(
-        update={"fabric": FabricSpec(enabled="off")})
-    run = ScenarioRun(sc, model="rack")
-    run.step(1.0)
-    assert run.rack is not None
-    _, p = next(iter(tray_payloads(run.rack, Identity(), WALL0)))
+    _, p = _first_tray_payload()
     assert p["tray"] == 0
     # a misconfigured agent of tray 0 publishing on tray07's topic, and a topic with no index
     for thing in ("tray07", "trayX"):
@@ -180,14 +178,8 @@ def test_h8_every_refused_tray_message_is_counted_and_logged_once_per_change(
     from structlog.testing import capture_logs
 
     from racky.app import MAX_INPUT_PAYLOAD_BYTES
-    from sims.telemetry import tray_payloads
 
-    sc = load_scenario("load-step-short").model_copy(
-        update={"fabric": FabricSpec(enabled="off")})
-    run = ScenarioRun(sc, model="rack")
-    run.step(1.0)
-    assert run.rack is not None
-    _, p = next(iter(tray_payloads(run.rack, Identity(), WALL0)))
+    _, p = _first_tray_payload()
     base = f"{racky.agent_base}/telemetry/tray{p['tray']:02d}"
     negative = json.dumps({**p, "power_w": -5.0}).encode()
     no_leak = json.dumps({k: v for k, v in p.items() if k != "leak"}).encode()
