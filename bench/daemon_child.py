@@ -1,4 +1,4 @@
-"""Run racky or valvey exactly as their console scripts do (`rackplane.service.run_daemon`), with
+"""Run racky or valvey exactly as their console scripts do (`rackplane.io.service.run_daemon`), with
 counters the benchmarks need and the daemons do not publish, written as JSON at exit.
 
 Usage: ``python bench/daemon_child.py racky|valvey CONFIG STATS_JSON``
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rackplane.cli import setup_logging
-from rackplane.service import TickStats, run_daemon
+from rackplane.io.service import TickStats, run_daemon
 
 
 class _KeepAll(TickStats):

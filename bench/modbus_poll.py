@@ -21,8 +21,8 @@ from typing import Any
 from pymodbus.client import AsyncModbusTcpClient
 
 from rackplane.clock import SYSTEM_CLOCK
-from rackplane.modbus import ModbusDevice
-from rackplane.samples import Sample
+from rackplane.core.samples import Sample
+from rackplane.io.modbus import ModbusDevice
 from rackplane.settings import ModbusTargetSettings
 
 PERIOD_S = 0.1

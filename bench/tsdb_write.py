@@ -25,8 +25,8 @@ def _fields(i: int) -> dict[str, float]:
 
 async def spool(url: str, n: int, spool_dir: Path, tag: str) -> float:
     from rackplane.clock import SYSTEM_CLOCK
+    from rackplane.io.tsdb import TelemetryWriter
     from rackplane.settings import SpoolSettings, TsdbSettings
-    from rackplane.tsdb import TelemetryWriter
 
     w = TelemetryWriter(TsdbSettings(url=url, batch_lines=BATCH, flush_interval_s=0.05),
                         SpoolSettings(directory=spool_dir),

@@ -48,7 +48,7 @@ def demo(
     out: Annotated[Path, typer.Option(help="folder for the run's outputs")] = Path("demo-output"),
 ) -> None:
     """Run valvey against the CDU simulator on embedded defaults, live, then summarise."""
-    from rackctl.demo import print_summary, run_demo
+    from harness.demo import print_summary, run_demo
 
     if broker is not None:
         _host, _, port_s = broker.partition(":")
@@ -86,7 +86,7 @@ def replay(
 ) -> None:
     """Send a spool (the embedded store) to an InfluxDB v2 write API; exit 1 when it stops
     early (database unreachable for --give-up seconds, or refused the settings)."""
-    from rackplane.tsdb import replay as do_replay
+    from rackplane.io.tsdb import replay as do_replay
 
     configure_logging("warning", "console")
     err_console = Console(stderr=True, soft_wrap=True)
@@ -156,11 +156,11 @@ def lockstep(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="valvey config")] = None,
 ) -> None:
     """Run a scenario with valvey's core in lock-step (no sockets) and print its figures: the
-    scenario report's (`rackctl.lockstep.figures`: errors on the plant's true supply
+    scenario report's (`harness.lockstep_valvey.figures`: errors on the plant's true supply
     temperature, valve activity on the commands written) and the step errors on the measured
     PV (sensor noise and lag included)."""
-    from rackctl.lockstep import figures as report_figures
-    from rackctl.lockstep import run_valvey
+    from harness.lockstep_valvey import figures as report_figures
+    from harness.lockstep_valvey import run_valvey
     from sims.metrics import step_metrics
     from sims.scenario import load_scenario
     from valvey.app import load_valvey_config
@@ -203,7 +203,7 @@ def main() -> None:
     app()
 
 
-# --- benchmarks and the scenario report (issue 8: rackctl/bench.py, rackctl/report.py) --------
+# --- benchmarks and the scenario report (issue 8: harness/bench.py, harness/report.py) --------
 
 
 def _lazy_main(module: str) -> Any:
@@ -230,7 +230,7 @@ def bench(
                                       "and plots")],
     quick: Annotated[bool, typer.Option("--quick", help="shorter runs (a smoke test)")] = False,
 ) -> None:
-    """Run the benchmarks (rackctl/bench.py) into OUT; exit 0 when every figure meets its
+    """Run the benchmarks (harness/bench.py) into OUT; exit 0 when every figure meets its
     target, 1 otherwise, 2 when the benchmarks are not available."""
     bench_main = _lazy_main("bench")
     raise SystemExit(bench_main(out=out, quick=quick))
@@ -246,7 +246,7 @@ def scenarios(
         "or figure-name prefix; repeat for several. A daemon's runner that cannot produce a "
         "requested scenario is skipped; one that runs still runs all its scenarios")] = None,
 ) -> None:
-    """Run the standard scenarios and write their report (rackctl/report.py) into OUT; exit
+    """Run the standard scenarios and write their report (harness/report.py) into OUT; exit
     0 when every figure passes, 1 otherwise, 2 when the report is not available."""
     report_main = _lazy_main("report")
     raise SystemExit(report_main(out=out, quick=quick, only=list(only) if only else None))
@@ -361,7 +361,7 @@ def cmd(
         parse_args,
         validate_request_id,
     )
-    from rackplane.mqtt import PublishRefused
+    from rackplane.io.mqtt import PublishRefused
 
     configure_logging("error", "console")
     try:
@@ -474,7 +474,7 @@ def watch(
 ) -> None:
     """Show a daemon's status, state and alarms live (retained values first)."""
     from rackctl.client import BrokerRefused, BrokerUnavailable, CommandClient, watch_filters
-    from rackplane.mqtt import Message
+    from rackplane.io.mqtt import Message
 
     configure_logging("error", "console")
     settings = _client_settings(
@@ -557,7 +557,7 @@ def daemon_contracts() -> list[Any]:
 
     from rackplane.clock import SYSTEM_CLOCK
     from rackplane.commands import CommandRouter, contract_of
-    from rackplane.mqtt import MqttLink
+    from rackplane.io.mqtt import MqttLink
     from rackplane.settings import CommandSettings, Identity, MqttSettings
 
     out = []
@@ -573,8 +573,8 @@ def daemon_contracts() -> list[Any]:
         if daemon == "valvey":
             from valvey.commands import register_valvey_commands
             from valvey.config import CduPoints, ControlSettings
-            from valvey.core import ValveyCore
-            from valvey.supply_loop import SupplyLoopSettings
+            from valvey.core.controller import ValveyCore
+            from valvey.core.supply_loop import SupplyLoopSettings
 
             link = MqttLink(MqttSettings(), Identity(), "valvey", clock=SYSTEM_CLOCK)
             router = CommandRouter(link, CommandSettings(), clock=SYSTEM_CLOCK)

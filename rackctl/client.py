@@ -1,6 +1,6 @@
 """The CLI's MQTT client: send a command and wait for its reply, or watch a daemon's topics.
 
-Built on `rackplane.mqtt.MqttLink` (no second MQTT client library) with ``announce=False``:
+Built on `rackplane.io.mqtt.MqttLink` (no second MQTT client library) with ``announce=False``:
 a client publishes no ``status`` and sets no Will, so a user whose broker ACL only lets it
 command (or only read) never publishes outside its rights. The contract it speaks is
 docs/COMMANDS.md (DESIGN §3):
@@ -22,7 +22,7 @@ environment variable named by ``password_env`` (default ``RACKCTL_PASSWORD``).
 
 Errors (and the CLI's exit codes, rackctl/cli.py): `BrokerUnavailable` (3: no connection
 within ``connect_timeout_s``), `BrokerRefused` (2: the broker refused the login: credentials
-or TLS settings), `rackplane.mqtt.PublishRefused` (1: a v5 broker's ACL refused the command),
+or TLS settings), `rackplane.io.mqtt.PublishRefused` (1: a v5 broker's ACL refused the command),
 `ReplyTimeout` (3: no reply within ``timeout_s``; the command may still be applied later,
 until its TTL: retry with the same request id, it is never applied twice).
 """
@@ -45,10 +45,10 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
-from rackplane.commands import REQUEST_ID_PATTERN
 from rackplane.config import StrictModel, read_toml, validate_data
+from rackplane.commands import REQUEST_ID_PATTERN
 from rackplane.errors import ConfigError
-from rackplane.mqtt import Handler, Message, MqttLink, Topics, encode_json
+from rackplane.io.mqtt import Handler, Message, MqttLink, Topics, encode_json
 from rackplane.settings import Identity, MqttSettings, TlsSettings
 
 __all__ = [

@@ -16,9 +16,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rackplane.core.samples import Sample
 from rackplane.errors import ConfigError
 from rackplane.log import configure_logging
-from rackplane.samples import Sample
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1

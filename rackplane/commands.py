@@ -62,7 +62,7 @@ raise. It reads time from ``ctx.now_mono`` / ``ctx.wall_ns``, never a clock.
 
 **Limits, interlocks and leases** are checked by the handler before it mutates: the value
 against its config limits (e.g. `require_within`), the output against the daemon's
-`rackplane.leases.LeaseTable` (``table.check(output, ctx.user, ctx.role, ctx.now_mono)``:
+`rackplane.core.leases.LeaseTable` (``table.check(output, ctx.user, ctx.role, ctx.now_mono)``:
 active interlocks first, then leases). `register_lease_verbs` adds the generic verbs
 ``acquire_lease`` / ``release_lease`` for any daemon; `LeaseGate` wires the whole of it in
 one object (the verbs, ``check(output, ctx)`` for the handlers, ``tick(now, interlocks)`` for
@@ -115,13 +115,13 @@ from pydantic import (
     field_validator,
 )
 
-from rackplane.alarms import AlarmSnapshot, Severity
 from rackplane.clock import Clock
 from rackplane.config import StrictModel
+from rackplane.core.alarms import AlarmSnapshot, Severity
+from rackplane.core.leases import LEASE_CODES, OUTPUT_PATTERN, LeaseTable
 from rackplane.errors import CommandError
-from rackplane.leases import LEASE_CODES, OUTPUT_PATTERN, LeaseTable
+from rackplane.io.mqtt import Message, MqttLink, encode_json
 from rackplane.log import get_logger
-from rackplane.mqtt import Message, MqttLink, encode_json
 from rackplane.settings import CommandSettings, Role
 
 __all__ = [
@@ -187,7 +187,7 @@ ROLE_RANK: Mapping[str, int] = {"reader": 0, "automation": 1, "operator": 2}
 
 REQUEST_ID_PATTERN: Final = r"^[A-Za-z0-9._:-]{1,64}$"
 _REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
-_VERB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")  # a topic level (rackplane.mqtt)
+_VERB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")  # a topic level (rackplane.io.mqtt)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MESSAGE_MAX_CHARS = 1000  # bound on error.message (it may quote client input)
 _NAME_MAX_CHARS = 64  # users and verbs quoted in logs, audit and messages
@@ -351,7 +351,7 @@ def alarm_payload(snapshot: AlarmSnapshot, ts_ns: int) -> dict[str, Any]:
     """The ``alarm/<id>`` payload (`AlarmPayload`) of an alarm that is not normal.
 
     Args:
-        snapshot: from `rackplane.alarms.AlarmEngine.active()`.
+        snapshot: from `rackplane.core.alarms.AlarmEngine.active()`.
         ts_ns: publication time [ns since the epoch] (the daemon's ``Clock.wall_ns()``).
 
     Returns:
@@ -1009,10 +1009,10 @@ def register_lease_verbs(
     role: Role = "automation",
 ) -> None:
     """Register the generic verbs ``acquire_lease`` and ``release_lease`` on ``router``
-    (DESIGN §1 leases; rules in rackplane.leases).
+    (DESIGN §1 leases; rules in rackplane.core.leases).
 
     Both reply ``state = {"output", "lease": {...} | null, "released": bool (release only),
-    "leases": table.snapshot(now)}``. Refusals: the `rackplane.leases.LEASE_CODES`. The TTL
+    "leases": table.snapshot(now)}``. Refusals: the `rackplane.core.leases.LEASE_CODES`. The TTL
     bounds come from the router's settings (``commands.lease_default_ttl_s`` /
     ``lease_max_ttl_s``) at each call, so a SIGHUP reload applies at once.
 
@@ -1570,7 +1570,7 @@ clear a stray retained command with an empty retained publish to its topic.
 
 ## Leases and interlocks
 
-Who may move an output (rackplane/leases.py, DESIGN §1): active safety interlocks override
+Who may move an output (rackplane/core/leases.py, DESIGN §1): active safety interlocks override
 every lease (`interlock_active`); below them a lease is exclusive (`lease_held`), operator >
 automation (an operator's `acquire_lease` preempts an automation lease), every lease has an
 expiry (`ttl_s`, default `commands.lease_default_ttl_s`, at most `commands.lease_max_ttl_s`)

@@ -247,7 +247,7 @@ class ModbusTargetSettings(StrictModel):
     @classmethod
     def _map(cls, v: Path, info: ValidationInfo) -> Path:
         if len(v.parts) == 1 and v.suffix == "":
-            return v  # bundled map name, resolved by rackplane.registers.load_register_map
+            return v  # bundled map name, resolved by rackplane.core.registers.load_register_map
         return resolve_path(v, info)
 
     @model_validator(mode="after")
@@ -314,7 +314,7 @@ class CommandSettings(StrictModel):
     lease_max_ttl_s: float = Field(
         28_800.0, gt=0, le=86_400, allow_inf_nan=False,
         description="longest lease a client may ask for (8 h, the same bound as ISA-18.2 "
-        "time-limited alarm shelving in rackplane.alarms); renew to keep it longer",
+        "time-limited alarm shelving in rackplane.core.alarms); renew to keep it longer",
     )
 
     @model_validator(mode="after")

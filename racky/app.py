@@ -1,16 +1,16 @@
 """racky the daemon: adapters around the pure core (DESIGN §1), built like valvey.
 
 Tasks in one TaskGroup: ``modbus:<shelf>`` (one owner task per power shelf, configured or
-discovered), ``discovery`` (the unit-id scan, `racky.discovery`), ``mqtt`` (broker link),
+discovered), ``discovery`` (the unit-id scan, `racky.core.discovery`), ``mqtt`` (broker link),
 ``tsdb`` (spool and writer), ``tick`` (the 1 Hz tick). The tick never awaits the network: it
-reads the latest shelf samples, tray readings (`racky.telemetry.TelemetryIngest`, fed by the
+reads the latest shelf samples, tray readings (`racky.core.telemetry.TelemetryIngest`, fed by the
 ``<agents>/telemetry/trayNN`` subscription), the link frame and the cooling state (valvey's
-``state/supply_loop``), calls `racky.core.RackyCore.step`, and queues what it decided:
+``state/supply_loop``), calls `racky.core.controller.RackyCore.step`, and queues what it decided:
 ``set_power_limits`` commands to the node agents (``<agents>/cmd/<user>/set_power_limits``,
 replies on ``.../result``), alarms, state and telemetry. READY goes out after the first tick;
 the watchdog is fed by the tick.
 
-Persisted state (`racky.lifecycle.StateStore`: lifecycle, trays powered off by safety
+Persisted state (`racky.core.lifecycle.StateStore`: lifecycle, trays powered off by safety
 requests, budget override, last validation) is written atomically in a worker thread whenever
 the core says it changed; validation reports (`racky.report`) are written the same way.
 
@@ -33,38 +33,38 @@ from typing import Any
 
 import numpy as np
 
-from rackplane.alarms import AlarmEvent
 from rackplane.clock import SYSTEM_CLOCK, Clock
-from rackplane.commands import CommandAudit, CommandRouter, LeaseGate
 from rackplane.config import check_environment, check_writable_dir, load_config
+from rackplane.core.alarms import AlarmEvent
+from rackplane.commands import CommandAudit, CommandRouter, LeaseGate
+from rackplane.core.leases import LeaseTable
+from rackplane.core.registers import RegisterMap, load_register_map
+from rackplane.core.samples import Quality, Sample
 from rackplane.errors import ConfigError, MqttError
-from rackplane.leases import LeaseTable
-from rackplane.log import configure_logging, get_logger
-from rackplane.modbus import ModbusDevice
-from rackplane.mqtt import Message, MqttLink, validate_topic
-from rackplane.registers import RegisterMap, load_register_map
-from rackplane.samples import Quality, Sample
-from rackplane.selfmetrics import (
+from rackplane.io.modbus import ModbusDevice
+from rackplane.io.mqtt import Message, MqttLink, validate_topic
+from rackplane.io.selfmetrics import (
     TELEMETRY_ALARMS,
     SelfMetrics,
     pv_age_s,
     telemetry_alarm_conditions,
 )
-from rackplane.service import Notifier, TickStats, run_ticker, supervised
+from rackplane.io.service import Notifier, TickStats, run_ticker, supervised
+from rackplane.io.spool import check_spool_config
+from rackplane.io.tsdb import TelemetryWriter
+from rackplane.log import configure_logging, get_logger
 from rackplane.settings import ModbusTargetSettings, effective_spool, environment_checks
-from rackplane.spool import check_spool_config
-from rackplane.tsdb import TelemetryWriter
-from racky.alarmbank import kind_of_def
 from racky.commands import register_racky_commands
 from racky.config import RackyConfig, ShelfPoints, state_path
-from racky.core import CoreOutput, RackyCore, RackyInputs
-from racky.discovery import DiscoveryPlan
-from racky.lifecycle import StateStore
-from racky.power import AgentCommand
+from racky.core.alarmbank import kind_of_def
+from racky.core.controller import CoreOutput, RackyCore, RackyInputs
+from racky.core.discovery import DiscoveryPlan
+from racky.core.lifecycle import StateStore
+from racky.core.power import AgentCommand
+from racky.core.telemetry import PayloadError, StaleMessage, TelemetryIngest, decode_payload
+from racky.core.thermal import CoolingReading
+from racky.core.validation import ValidationResult
 from racky.report import write_report
-from racky.telemetry import PayloadError, StaleMessage, TelemetryIngest, decode_payload
-from racky.thermal import CoolingReading
-from racky.validation import ValidationResult
 
 DAEMON = "racky"
 _SEVERITY_CODE = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}
@@ -213,7 +213,7 @@ class Racky:
         )
         self.commands = CommandRouter(self.mqtt, cfg.commands, clock=clock,
                                       audit=self._audit_command)
-        # Leases (DESIGN §1, rackplane.leases): operator > automation, each with an expiry;
+        # Leases (DESIGN §1, rackplane.core.leases): operator > automation, each with an expiry;
         # the safety verbs (power_down_*) never check them.
         outputs = {"rack_cap": "rack power cap requests", "rack_budget": "rack power budget",
                    "lifecycle": "rack lifecycle and validation",

@@ -22,11 +22,11 @@ from rackplane.cli import (
 )
 from rackplane.clock import SYSTEM_CLOCK
 from rackplane.config import check_state_file_dir, example_toml
+from rackplane.core.registers import load_register_map
+from rackplane.core.samples import Sample
 from rackplane.errors import ConfigError, ModbusError
-from rackplane.modbus import ModbusDevice
-from rackplane.registers import load_register_map
-from rackplane.samples import Sample
-from rackplane.service import run_daemon
+from rackplane.io.modbus import ModbusDevice
+from rackplane.io.service import run_daemon
 from racky.app import Racky, _shelf_target, load_racky_config
 from racky.config import RackyConfig, state_path
 
@@ -54,7 +54,7 @@ def racky(
 ) -> None:
     """racky: rack power capping and sequencing, link health, thermal and traffic detection,
     the rack lifecycle (Modbus TCP, MQTT, InfluxDB). Validation on the simulator:
-    ``python -m rackctl.lockstep_racky validate``; on a live rack: the ``start_validation``
+    ``python -m harness.lockstep_racky validate``; on a live rack: the ``start_validation``
     command (docs/RACKY.md)."""
     if print_default_config:
         text = example_toml(RackyConfig, "racky configuration (racky --config FILE)")

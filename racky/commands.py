@@ -1,7 +1,7 @@
 """racky's command verbs (DESIGN §3 ``cmd/<user>/<verb>``; CONTRACTS.md: what valvey asks).
 
 The router (`rackplane.commands.CommandRouter`) does the envelope, TTL, roles, de-duplication,
-reply and audit; these handlers are synchronous operations on the `racky.core.RackyCore`
+reply and audit; these handlers are synchronous operations on the `racky.core.controller.RackyCore`
 (validate, then mutate; time from the `CommandContext`).
 
 ====================  ==========  ========================================  ================
@@ -33,7 +33,7 @@ per tray). Replies carry ``rack_power_w``, ``power_confirmed_low`` (every tray r
 off reports off, and the rack is below ``power.confirmed_low_w`` when all are: valvey may then
 isolate the liquid, S6 c/d), the limit and the requested caps.
 
-**Leases** (DESIGN §1) are another module's (`rackplane.leases`); the seam here is the
+**Leases** (DESIGN §1) are another module's (`rackplane.core.leases`); the seam here is the
 ``lease_check(output, ctx, *, require_lease=False)`` callable given to
 `register_racky_commands` (`rackplane.commands.LeaseGate.check`), called before a non-safety
 verb mutates (outputs ``rack_cap``, ``rack_budget``, ``tray:NN``, ``lifecycle``), raising
@@ -49,13 +49,19 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from rackplane.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
-from rackplane.commands import CommandArgs, CommandContext, CommandRouter, DaemonContract, NoArgs
 from rackplane.config import StrictModel
+from rackplane.core.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
+from rackplane.commands import (
+    CommandArgs,
+    CommandContext,
+    CommandRouter,
+    DaemonContract,
+    NoArgs,
+)
 from rackplane.log import get_logger
 from rackplane.settings import Role
-from racky.core import RackyCore
-from racky.power import AgentCommand
+from racky.core.controller import RackyCore
+from racky.core.power import AgentCommand
 
 __all__ = ["SAFETY_VERBS", "LeaseCheck", "racky_contract", "racky_verb_args",
            "register_racky_commands"]
@@ -116,7 +122,7 @@ class SetBudgetArgs(CommandArgs):
 
 
 class SetLifecycleArgs(CommandArgs):
-    """``set_lifecycle``: production <-> maintenance, quarantine (racky/lifecycle.py)."""
+    """``set_lifecycle``: production <-> maintenance, quarantine (racky/core/lifecycle.py)."""
 
     state: Literal["provisioning", "validating", "production", "maintenance", "quarantined"]
     reason: str = Reason
@@ -158,7 +164,7 @@ class RackPowerState(StrictModel):
 
 class RackState(BaseModel):
     """``racky/state/rack`` (retained): lifecycle, limits and caps, redundancy, trays,
-    validation, link and thermal summaries (racky.core.RackyCore.state)."""
+    validation, link and thermal summaries (racky.core.controller.RackyCore.state)."""
 
     lifecycle: dict[str, Any]
     rack_power_w: float | None

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from racky.validation import ValidationResult, ValidationSample
+from racky.core.validation import ValidationResult, ValidationSample
 
 
 def _plots(r: ValidationResult, d: Path) -> list[tuple[str, str]]:

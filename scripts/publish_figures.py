@@ -11,7 +11,7 @@ For each directory given (the ``--out`` of ``rackctl bench`` / ``rackctl scenari
 * rewrites the README's block between ``<!-- figures:bench:start -->`` and
   ``<!-- figures:bench:end -->`` (or ``figures:scenarios``) with the run's own preamble line
   (machine, mode, wall time), the date of the run's ``results.json`` and the headline rows,
-  rendered from ``results.json`` by `rackctl.figures.markdown_table`.
+  rendered from ``results.json`` by `harness.figures.markdown_table`.
 
 Nothing is typed in: every row comes from the run's ``results.json``. Exit code 2 when a
 directory, its results or a README marker is missing or
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rackctl.figures import Figure, markdown_table  # noqa: E402
+from harness.figures import Figure, markdown_table  # noqa: E402
 
 # headline rows of the scenario report in the README (the full report is linked)
 SCENARIO_HEADLINES = (

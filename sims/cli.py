@@ -10,8 +10,8 @@ from rich.console import Console
 
 from rackplane.cli import LogFormat, LogLevel, fail_config, run_async
 from rackplane.errors import ConfigError
+from rackplane.io.service import run_daemon
 from rackplane.log import configure_logging
-from rackplane.service import run_daemon
 from rackplane.settings import Identity, MqttSettings
 from sims.runtime import VirtualRackSimulator
 from sims.scenario import FabricSpec, list_scenarios, load_scenario

@@ -2,7 +2,7 @@
 
 The face serves the same `RegisterMap` the daemon reads (DESIGN §4), for one or more unit ids,
 on 127.0.0.1. The simulator pushes engineering values with `ModbusFace.update` (encoded with
-`rackplane.registers`, so word order, scale and sentinels are the map's); client writes to
+`rackplane.core.registers`, so word order, scale and sentinels are the map's); client writes to
 writable points are decoded, checked against the point's write limits, stored in the holding
 registers (or coils) and delivered to ``on_write(point, value)``.
 
@@ -56,8 +56,7 @@ from pymodbus.server import ModbusTcpServer
 from pymodbus.server.requesthandler import ServerRequestHandler
 from pymodbus.transaction import TransactionManager
 
-from rackplane.log import get_logger
-from rackplane.registers import (
+from rackplane.core.registers import (
     BIT_TABLES,
     MAX_READ_BITS,
     MAX_READ_REGISTERS,
@@ -68,7 +67,8 @@ from rackplane.registers import (
     decode_point,
     encode_value,
 )
-from rackplane.samples import Quality
+from rackplane.core.samples import Quality
+from rackplane.log import get_logger
 
 _FC_TABLE: Mapping[int, Table] = {
     1: "coil", 5: "coil", 15: "coil",

@@ -38,11 +38,11 @@ from typing import Any, Literal
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
 from rackplane.commands import CommandContext, CommandRouter
+from rackplane.core.registers import RegisterMap, encode_value, load_register_map
 from rackplane.errors import CommandError, WriteRejected
+from rackplane.io.mqtt import MqttLink
+from rackplane.io.service import TickStats, run_ticker
 from rackplane.log import get_logger
-from rackplane.mqtt import MqttLink
-from rackplane.registers import RegisterMap, encode_value, load_register_map
-from rackplane.service import TickStats, run_ticker
 from rackplane.settings import CommandSettings, Identity, MqttSettings
 from sims.modbus_face import ModbusFace
 from sims.scenario import ModbusFaultState, Scenario, ScenarioRun

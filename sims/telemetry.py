@@ -1,6 +1,6 @@
 """The virtual rack's MQTT payloads: pydantic models, builders and their JSON Schemas.
 
-Topics are under ``<root>/<site>/<rack>/sim/`` (`rackplane.mqtt.Topics`, DESIGN §3; the row
+Topics are under ``<root>/<site>/<rack>/sim/`` (`rackplane.io.mqtt.Topics`, DESIGN §3; the row
 is in every payload). Telemetry is QoS 0, one message per thing per interval (1 s):
 
 =========================  ====================================  ==============================
@@ -29,7 +29,7 @@ indices are 0-based (GPU ``g`` is on tray ``g // 4``; port names are the fabric'
 ``gpu07/nvl03``).
 
 The node-agent tray contract (`TrayTelemetry`, `AgentTelemetry`, `GpuTelemetry`, `PortBlock`)
-is defined once in `rackplane.tray_contract` (racky reads it too) and re-exported here.
+is defined once in `rackplane.core.tray_contract` (racky reads it too) and re-exported here.
 
 ``python -m sims.telemetry --write-schemas`` regenerates ``sims/schemas/*.schema.json``;
 ``--check-schemas`` exits 1 when one is stale (a test does the same).
@@ -49,8 +49,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from rackplane.commands import CommandArgs
+from rackplane.core.tray_contract import AgentTelemetry, GpuTelemetry, PortBlock, TrayTelemetry
 from rackplane.settings import Identity
-from rackplane.tray_contract import AgentTelemetry, GpuTelemetry, PortBlock, TrayTelemetry
 from sims.row import VirtualRack
 
 __all__ = [

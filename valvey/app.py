@@ -21,44 +21,44 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rackplane.alarms import AlarmEvent
 from rackplane.clock import SYSTEM_CLOCK, Clock
-from rackplane.commands import CommandAudit, CommandRouter, LeaseGate
 from rackplane.config import check_environment, check_writable_dir, load_config
+from rackplane.core.alarms import AlarmEvent
+from rackplane.commands import CommandAudit, CommandRouter, LeaseGate
+from rackplane.core.leases import LeaseTable
+from rackplane.core.registers import RegisterMap, load_register_map
+from rackplane.core.samples import Sample
 from rackplane.errors import ConfigError, ModbusError, WriteRejected
-from rackplane.leases import LeaseTable
-from rackplane.log import configure_logging, get_logger
-from rackplane.modbus import ModbusDevice
-from rackplane.mqtt import Message, MqttLink
-from rackplane.registers import RegisterMap, load_register_map
-from rackplane.samples import Sample
-from rackplane.selfmetrics import (
+from rackplane.io.modbus import ModbusDevice
+from rackplane.io.mqtt import Message, MqttLink
+from rackplane.io.selfmetrics import (
     TELEMETRY_ALARMS,
     SelfMetrics,
     pv_age_s,
     telemetry_alarm_conditions,
 )
-from rackplane.service import Notifier, TickStats, run_ticker, supervised
+from rackplane.io.service import Notifier, TickStats, run_ticker, supervised
+from rackplane.io.spool import check_spool_config
+from rackplane.io.statefile import StateFileError
+from rackplane.io.tsdb import TelemetryWriter
+from rackplane.log import configure_logging, get_logger
 from rackplane.settings import effective_spool, environment_checks
-from rackplane.spool import check_spool_config
-from rackplane.statefile import StateFileError
-from rackplane.tsdb import TelemetryWriter
 from valvey.commands import VALVEY_OUTPUTS, register_valvey_commands
 from valvey.config import ValveyConfig, check_points_against_map
-from valvey.core import (
+from valvey.core.controller import (
     PUMP_CONSTRAINT_CODES,
     VALVE_CONSTRAINT_CODES,
     CoreOutput,
     ValveyCore,
 )
+from valvey.core.requests import RackyReply, RackyRequest
+from valvey.core.sensors import SensorTopic, parse_sensor_message, resolve_topic
 from valvey.persist import (
     CommandState,
     apply_command_state,
     open_state_file,
     state_file_path,
 )
-from valvey.requests import RackyReply, RackyRequest
-from valvey.sensors import SensorTopic, parse_sensor_message, resolve_topic
 
 DAEMON = "valvey"
 

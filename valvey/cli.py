@@ -22,11 +22,11 @@ from rackplane.cli import (
 )
 from rackplane.clock import SYSTEM_CLOCK
 from rackplane.config import check_state_file_dir, example_toml
+from rackplane.core.registers import RegisterMap
+from rackplane.core.samples import Sample
 from rackplane.errors import ConfigError, ModbusError
-from rackplane.modbus import ModbusDevice
-from rackplane.registers import RegisterMap
-from rackplane.samples import Sample
-from rackplane.service import run_daemon
+from rackplane.io.modbus import ModbusDevice
+from rackplane.io.service import run_daemon
 from valvey.app import Valvey, load_valvey_config
 from valvey.config import CduTarget, ValveyConfig
 from valvey.persist import state_file_path

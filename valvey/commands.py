@@ -37,7 +37,7 @@ reset_leak           operator  {reopen_isolation: bool}                   leak_s
 
 Limits are the loop's config (``setpoint_min_c``..``setpoint_max_c``, ``output_min_pct``..
 ``output_max_pct``): a command can never push the valve past them (DESIGN §1). The shelve limit
-of 8 h is ISA-18.2's "time-limited shelving" (`rackplane.alarms.DEFAULT_MAX_SHELVE_S`).
+of 8 h is ISA-18.2's "time-limited shelving" (`rackplane.core.alarms.DEFAULT_MAX_SHELVE_S`).
 
 Leases (DESIGN §1): with the daemon's `LeaseGate` over `VALVEY_OUTPUTS`, every verb that
 moves an output (`VERB_OUTPUTS`) is refused while an interlock holds it (``interlock_active``)
@@ -67,7 +67,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rackplane.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
+from rackplane.core.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
 from rackplane.commands import (
     CommandArgs,
     CommandContext,
@@ -80,7 +80,7 @@ from rackplane.commands import main as _schemas_main
 from rackplane.errors import CommandError
 from rackplane.log import get_logger
 from rackplane.settings import Role
-from valvey.core import ValveyCore
+from valvey.core.controller import ValveyCore
 
 __all__ = [
     "VALVEY_OUTPUTS",
@@ -101,7 +101,7 @@ __all__ = [
     "valvey_verb_args",
 ]
 
-ALARM_ID_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"  # rackplane.alarms AlarmDef.id
+ALARM_ID_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"  # rackplane.core.alarms AlarmDef.id
 SHELVE_MIN_S = 60.0
 """Shortest shelve [s]: a shorter one is a mis-typed unit more often than a need."""
 
@@ -260,7 +260,7 @@ VALVEY_OUTPUTS: dict[str, str] = {
     "duty_pump": "duty (lead) pump selection",
     "rack_isolation": "rack liquid isolation valves",
 }
-"""valvey's leasable outputs (`rackplane.leases.LeaseTable`; ``state/leases``)."""
+"""valvey's leasable outputs (`rackplane.core.leases.LeaseTable`; ``state/leases``)."""
 
 
 # --- retained state payloads (``valvey/state/<thing>``; schemas for rackctl schemas) --------
@@ -354,7 +354,7 @@ class SafetyState(BaseModel):
 
 class HealthState(BaseModel):
     """``valvey/state/health`` (retained): the daemon's own health; ``self`` holds the
-    self-metrics (`rackplane.selfmetrics.SelfMetricsSnapshot` fields; empty before the first
+    self-metrics (`rackplane.io.selfmetrics.SelfMetricsSnapshot` fields; empty before the first
     refresh)."""
 
     uptime_s: float

@@ -13,8 +13,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rackplane.config import StrictModel
+from rackplane.core.registers import RegisterMap
 from rackplane.errors import ConfigError
-from rackplane.registers import RegisterMap
 from rackplane.settings import (
     CommandSettings,
     Identity,
@@ -25,14 +25,14 @@ from rackplane.settings import (
     SpoolSettings,
     TsdbSettings,
 )
-from valvey.capacity import CapacitySettings
-from valvey.feedforward import FeedforwardSettings
-from valvey.pumps import PumpLoopSettings, PumpSettings
-from valvey.safety import SafetySettings
-from valvey.sensors import SensorMap, SupplySensorSettings
-from valvey.step_test import StepTestSettings
-from valvey.supply_loop import TICK_S, SupplyLoopSettings
-from valvey.valves import ValveSettings
+from valvey.core.capacity import CapacitySettings
+from valvey.core.feedforward import FeedforwardSettings
+from valvey.core.pumps import PumpLoopSettings, PumpSettings
+from valvey.core.safety import SafetySettings
+from valvey.core.sensors import SensorMap, SupplySensorSettings
+from valvey.core.step_test import StepTestSettings
+from valvey.core.supply_loop import TICK_S, SupplyLoopSettings
+from valvey.core.valves import ValveSettings
 
 
 class CduPoints(StrictModel):

@@ -1,7 +1,7 @@
 """valvey's command state across restarts: the setpoint and loop mode set by command (issue 7:
 a restart must not silently revert an operator's decision).
 
-One `rackplane.statefile.StateFile` (format `STATE_FORMAT`, version `STATE_VERSION`), by
+One `rackplane.io.statefile.StateFile` (format `STATE_FORMAT`, version `STATE_VERSION`), by
 default ``valvey-state-<rack>.json`` beside the spool folder (``$STATE_DIRECTORY`` under
 systemd; `state_file_path`; the rack in the name keeps two daemons whose spools share a parent
 folder apart). Its ``data``::
@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from rackplane.errors import CommandError
+from rackplane.io.statefile import StateFile
 from rackplane.settings import SpoolSettings, effective_spool
-from rackplane.statefile import StateFile
-from valvey.supply_loop import SupplyLoop, SupplyLoopSettings
+from valvey.core.supply_loop import SupplyLoop, SupplyLoopSettings
 
 STATE_FORMAT = "valvey-state"
 STATE_VERSION = 1

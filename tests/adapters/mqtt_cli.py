@@ -1,6 +1,6 @@
 """Independent MQTT clients for the adapter tests: Mosquitto's own C tools (mosquitto-clients).
 
-Tests drive and observe `rackplane.mqtt.MqttLink` with `mosquitto_pub` / `mosquitto_sub`
+Tests drive and observe `rackplane.io.mqtt.MqttLink` with `mosquitto_pub` / `mosquitto_sub`
 subprocesses, never with aiomqtt (the module under test) nor with a mock of the broker.
 """
 

@@ -1,4 +1,4 @@
-"""The command path against a real Mosquitto (tests/servers.py): the real `MqttLink`, a real
+"""The command path against a real Mosquitto (harness/servers.py): the real `MqttLink`, a real
 `CommandRouter` with valvey's verbs on a real `ValveyCore`; peers are Mosquitto's own C clients
 (tests/adapters/mqtt_cli.py), network cuts go through tests/adapters/mqtt_proxy.py.
 
@@ -22,18 +22,18 @@ from typing import Any
 
 import pytest
 
+from harness.servers import Mosquitto
 from rackplane.clock import SystemClock
 from rackplane.commands import CommandAudit, CommandReply, CommandRouter
-from rackplane.mqtt import MqttLink
-from rackplane.samples import good
+from rackplane.core.samples import good
+from rackplane.io.mqtt import MqttLink
 from rackplane.settings import CommandSettings, Identity, MqttSettings
 from tests.adapters.mqtt_cli import MqttSub, Received, mqtt_pub
 from tests.adapters.mqtt_proxy import MqttProxy
-from tests.servers import Mosquitto
 from valvey.commands import register_valvey_commands
 from valvey.config import CduPoints, ControlSettings
-from valvey.core import ValveyCore
-from valvey.supply_loop import SupplyLoopSettings
+from valvey.core.controller import ValveyCore
+from valvey.core.supply_loop import SupplyLoopSettings
 
 CLOCK = SystemClock()
 USERS = {"alice": "operator", "viewer": "reader"}

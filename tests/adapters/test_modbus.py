@@ -1,4 +1,4 @@
-"""ModbusDevice (rackplane.modbus) against the simulators' ModbusFace and a raw fault server.
+"""ModbusDevice (rackplane.io.modbus) against the simulators' ModbusFace and a raw fault server.
 
 Every test runs real TCP on loopback: the pymodbus server behind `sims.modbus_face`, or the
 raw asyncio server of `tests.adapters.modbus_fault_server` for frames pymodbus cannot craft.
@@ -21,7 +21,10 @@ from typing import Any
 import pytest
 import structlog
 
+from harness.servers import free_port
 from rackplane.clock import SystemClock
+from rackplane.core.registers import RegisterMap, load_register_map, parse_register_map
+from rackplane.core.samples import Quality, Sample
 from rackplane.errors import (
     ModbusConnectionError,
     ModbusError,
@@ -29,13 +32,10 @@ from rackplane.errors import (
     ModbusTimeout,
     WriteRejected,
 )
-from rackplane.modbus import ModbusDevice
-from rackplane.registers import RegisterMap, load_register_map, parse_register_map
-from rackplane.samples import Quality, Sample
+from rackplane.io.modbus import ModbusDevice
 from rackplane.settings import ModbusTargetSettings
 from sims.modbus_face import ModbusFace
 from tests.adapters.modbus_fault_server import Delayed, FaultServer, Request, mbap
-from tests.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CLOCK = SystemClock()
@@ -742,7 +742,7 @@ async def test_br07_half_open_then_restart_with_new_values() -> None:
 #: argv = register map (JSON), port, values (JSON); "listening" on stderr once it serves.
 FACE_PROCESS = """
 import asyncio, json, sys
-from rackplane.registers import parse_register_map
+from rackplane.core.registers import parse_register_map
 from sims.modbus_face import ModbusFace
 
 async def main() -> None:

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from rackplane.clock import SystemClock
+from rackplane.core.registers import RegisterMap, parse_register_map
+from rackplane.core.samples import Quality
 from rackplane.errors import WriteRejected
-from rackplane.modbus import ModbusDevice, ModbusSerialTargetSettings
-from rackplane.registers import RegisterMap, parse_register_map
-from rackplane.samples import Quality
+from rackplane.io.modbus import ModbusDevice, ModbusSerialTargetSettings
 from rackplane.settings import ModbusTargetSettings
 from tests.adapters.test_modbus import Polls, crc16_modbus, running, until
 

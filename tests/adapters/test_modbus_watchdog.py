@@ -1,4 +1,4 @@
-"""ModbusDevice's guard against a library hang (rackplane.modbus ``_RequestWatchdog``): a
+"""ModbusDevice's guard against a library hang (rackplane.io.modbus ``_RequestWatchdog``): a
 request pymodbus never finishes is abandoned ``timeout_s + OUTER_TIMEOUT_MARGIN_S`` after it
 started, as a timeout (points STALE, connection replaced, polling resumes), while a real
 cancel of the owner still stops it at once.
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from rackplane.modbus import OUTER_TIMEOUT_MARGIN_S, ModbusDevice
-from rackplane.samples import Quality
+from rackplane.core.samples import Quality
+from rackplane.io.modbus import OUTER_TIMEOUT_MARGIN_S, ModbusDevice
 from sims.modbus_face import ModbusFace
 from tests.adapters.test_modbus import CLOCK, Polls, regmap, running, serving, target, until
 

@@ -1,4 +1,4 @@
-"""rackplane.mqtt against real brokers: a private Mosquitto 2.0 (tests/servers.py) and an
+"""rackplane.io.mqtt against real brokers: a private Mosquitto 2.0 (harness/servers.py) and an
 in-process amqtt 0.12 (the demo's embedded MQTT 3.1.1 broker). Peers are Mosquitto's own C
 clients (tests/adapters/mqtt_cli.py); network cuts go through tests/adapters/mqtt_proxy.py.
 
@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
+from harness.servers import Mosquitto, free_port
 from rackplane.clock import SystemClock
 from rackplane.errors import ConfigError, MqttError
-from rackplane.mqtt import (
+from rackplane.io.mqtt import (
     Message,
     MqttLink,
     Topics,
@@ -33,7 +34,6 @@ from rackplane.mqtt import (
 from rackplane.settings import Identity, MqttSettings
 from tests.adapters.mqtt_cli import MqttSub, Received, mqtt_pub, mqtt_pub_lines
 from tests.adapters.mqtt_proxy import MqttProxy
-from tests.servers import Mosquitto, free_port
 
 CLOCK = SystemClock()
 
@@ -635,7 +635,7 @@ async def test_br24d_burst_of_1000_all_handled_in_order_with_small_loop_lag(
     on the 2-core host (~25-60 ms with only this file collected). Such a collection falling
     inside the burst was the 381-463 ms lag two fresh-clone CI runs saw; it measured
     pytest's heap, not the link. So the heap is frozen for the burst (`gc.freeze`), as
-    `rackplane.service.run_daemon` does with a daemon's start-up heap; what the link
+    `rackplane.io.service.run_daemon` does with a daemon's start-up heap; what the link
     allocates is still collected and still counts."""
     link = MqttLink(settings(mosquitto.port), ident(), "valvey", clock=CLOCK)
     got: list[int] = []

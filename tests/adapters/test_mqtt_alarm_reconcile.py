@@ -1,9 +1,9 @@
-"""Retained alarm topics are reconciled on every connect (rackplane.mqtt, DESIGN §3 alarms).
+"""Retained alarm topics are reconciled on every connect (rackplane.io.mqtt, DESIGN §3 alarms).
 
 Found by a tester: a daemon restarted after raising a critical latched alarm left
 ``<base>/alarm/pump_loop_failsafe`` (state "returned", ts_ns of the old process) retained on the
 broker while the new process held no such alarm: `rackctl watch` showed it, `get_state` did not,
-and nothing ever cleared it. Real private Mosquitto (tests/servers.py), its own C clients.
+and nothing ever cleared it. Real private Mosquitto (harness/servers.py), its own C clients.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from harness.servers import Mosquitto
 from rackplane.clock import SystemClock
-from rackplane.mqtt import Message, MqttLink
+from rackplane.io.mqtt import Message, MqttLink
 from rackplane.settings import Identity, MqttSettings
 from tests.adapters.mqtt_cli import MqttSub, mqtt_pub
-from tests.servers import Mosquitto
 
 
 def _settings(port: int, protocol: str) -> MqttSettings:

@@ -1,4 +1,4 @@
-"""rackplane.mqtt options added for the command contract (issue 6), against a real Mosquitto
+"""rackplane.io.mqtt options added for the command contract (issue 6), against a real Mosquitto
 2.0 with Mosquitto's own C clients as peers:
 
 - Retain As Published (MQTT 5.0 §3.8.3.1): on v5 a command *published* retained is flagged
@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from rackplane.mqtt import Message, MqttLink, PublishRefused
+from harness.servers import Mosquitto
+from rackplane.io.mqtt import Message, MqttLink, PublishRefused
 from tests.adapters.mqtt_cli import MqttSub, mqtt_pub
 from tests.adapters.test_mqtt import CLOCK, Runner, ident, runner, settings, wait_until
-from tests.servers import Mosquitto, start_mosquitto
+from tests.servers import start_mosquitto
 
 __all__ = ["runner"]  # the fixture, re-exported for pytest
 

@@ -5,7 +5,7 @@ import socket
 import time
 import urllib.request
 
-from tests.servers import Mosquitto, VictoriaMetrics
+from harness.servers import Mosquitto, VictoriaMetrics
 
 
 def test_mosquitto_restarts_on_same_port(mosquitto_private: Mosquitto) -> None:

@@ -1,7 +1,7 @@
 """The virtual rack's real-time faces (sims/runtime.py): Modbus TCP answered as the register
-maps say (real pymodbus client through `rackplane.modbus.ModbusDevice`), protocol faults on
+maps say (real pymodbus client through `rackplane.io.modbus.ModbusDevice`), protocol faults on
 the faces, and the MQTT publishers and node-agent commands against a real Mosquitto
-(tests/servers.py), observed with Mosquitto's own C clients.
+(harness/servers.py), observed with Mosquitto's own C clients.
 
 The Modbus tests push one static plant state to the faces (`VirtualRackSimulator.serve`) so
 every served value can be compared exactly (within the register's resolution) with the plant.
@@ -20,18 +20,18 @@ from typing import Any
 
 import pytest
 
+from harness.servers import Mosquitto
 from rackplane.clock import SystemClock
-from rackplane.commands import CommandReply
 from rackplane.config import validate_data
-from rackplane.modbus import ModbusDevice
-from rackplane.registers import load_register_map
-from rackplane.samples import Quality, Sample
+from rackplane.commands import CommandReply
+from rackplane.core.registers import load_register_map
+from rackplane.core.samples import Quality, Sample
+from rackplane.io.modbus import ModbusDevice
 from rackplane.settings import Identity, ModbusTargetSettings, MqttSettings
 from sims.runtime import VirtualRackSimulator
 from sims.scenario import Scenario
 from sims.telemetry import payload_models
 from tests.adapters.mqtt_cli import MqttSub, mqtt_pub
-from tests.servers import Mosquitto
 
 CLOCK = SystemClock()
 

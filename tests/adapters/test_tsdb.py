@@ -1,4 +1,4 @@
-"""Telemetry writer (rackplane.tsdb): line building, spool draining, outcomes, shutdown, replay.
+"""Telemetry writer (rackplane.io.tsdb): line building, spool draining, outcomes, shutdown, replay.
 
 Storage is checked against the real VictoriaMetrics (``victoria``, ``victoria_private``); the
 exact requests (org, bucket, precision, token) and the 4xx/5xx reactions against the recording
@@ -28,12 +28,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from harness.servers import VictoriaMetrics
 from rackplane.clock import FakeClock, SystemClock
+from rackplane.core.samples import Quality, good, invalid
 from rackplane.errors import ConfigError
-from rackplane.samples import Quality, good, invalid
-from rackplane.settings import SpoolSettings, TsdbSettings
-from rackplane.spool import Spool
-from rackplane.tsdb import (
+from rackplane.io.spool import Spool
+from rackplane.io.tsdb import (
     LineCounters,
     ReplayResult,
     TelemetryWriter,
@@ -42,8 +42,8 @@ from rackplane.tsdb import (
     point_line,
     replay,
 )
+from rackplane.settings import SpoolSettings, TsdbSettings
 from tests.adapters.tsdb_recording_server import RecordingTsdb, Reply
-from tests.servers import VictoriaMetrics
 
 TS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z
 CHILD = Path(__file__).with_name("tsdb_writer_child.py")
@@ -276,7 +276,7 @@ def test_only_tsdb_imports_influxdb_client() -> None:
             text = path.read_text(errors="replace")
             if re.search(r"^\s*(from|import)\s+influxdb_client", text, re.M):
                 offenders.append(str(path.relative_to(ROOT)))
-    assert offenders == ["rackplane/tsdb.py"]
+    assert offenders == ["rackplane/io/tsdb.py"]
 
 
 def test_missing_token_variable_is_a_config_error(

@@ -1,4 +1,4 @@
-"""A writer process for the shutdown and crash tests of rackplane.tsdb (BR-18, SIGKILL).
+"""A writer process for the shutdown and crash tests of rackplane.io.tsdb (BR-18, SIGKILL).
 
     python tsdb_writer_child.py sigterm URL SPOOL_DIR RUN_ID N BUDGET_S
         Writes N points with a long flush interval (so they are buffered, not sent), prints
@@ -24,9 +24,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rackplane.clock import SystemClock
+from rackplane.io.tsdb import TelemetryWriter
 from rackplane.log import configure_logging
 from rackplane.settings import SpoolSettings, TsdbSettings
-from rackplane.tsdb import TelemetryWriter
 
 BASE_NS = 1_767_225_600 * 10**9
 

@@ -31,12 +31,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from rackctl.demo import Recorder
+from harness.demo import Recorder
 from rackplane.clock import SYSTEM_CLOCK
 from rackplane.config import toml_value
-from rackplane.mqtt import MqttLink
+from rackplane.io.mqtt import MqttLink
+from rackplane.io.spool import Spool
 from rackplane.settings import Identity, MqttSettings
-from rackplane.spool import Spool
 
 if TYPE_CHECKING:
     from sims.runtime import VirtualRackSimulator

@@ -24,7 +24,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.servers import Mosquitto, free_port, require_binary
+from harness.servers import Mosquitto, free_port
+from tests.servers import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_CONF = ROOT / "config" / "mosquitto" / "mosquitto.conf"

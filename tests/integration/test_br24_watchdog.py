@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
+from harness.servers import Mosquitto, free_port
 from rackctl.client import ClientSettings, CommandClient
-from rackplane.mqtt import Message
+from rackplane.io.mqtt import Message
 from tests.integration import harness
 from tests.integration.harness import Proc, valvey_proc, write_valvey_config
-from tests.servers import Mosquitto, free_port
 
 pytestmark = [pytest.mark.servers]
 
@@ -233,7 +233,7 @@ async def test_br24d_burst_of_1000_commands_all_answered_in_order_loop_lag_small
     # Ten times the field case's 100 commands, no warm-up. A 1,000-command burst used to
     # trigger full garbage collections over valvey's ~85 k start-up objects (45-70 ms each
     # alone, up to 180 ms with the CPU shared), stalling the loop; run_daemon now freezes the
-    # start-up heap (rackplane/service.py). tick_late_max_s counts from the daemon's start.
+    # start-up heap (rackplane/io/service.py). tick_late_max_s counts from the daemon's start.
     def setpoint_c(i: int) -> float:  # 40.00-44.95 °C, all within the allowed range
         return 40.0 + (i % 100) * 0.05
 

@@ -21,10 +21,10 @@ import pytest
 import structlog
 from typer.testing import CliRunner
 
+from harness.servers import Mosquitto, free_port
 from rackctl.cli import app
 from rackplane.commands import AlarmPayload, CommandReply, LeasesState, StatusPayload
 from tests.integration.harness import STARTED, Proc, valvey_proc, write_valvey_config
-from tests.servers import Mosquitto, free_port
 
 pytestmark = [pytest.mark.servers]
 
@@ -187,7 +187,7 @@ def test_cmd_shows_a_refusal_without_request_id(mosquitto: Mosquitto, valvey: Pr
 
 
 def test_replay_to_a_dead_url_reports_retries_and_gives_up(tmp_path: Path) -> None:
-    from rackplane.spool import Spool
+    from rackplane.io.spool import Spool
 
     with Spool(tmp_path / "spool") as sp:
         sp.append(["m v=1 1000000000"])

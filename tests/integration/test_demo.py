@@ -39,7 +39,7 @@ def test_demo_runs_on_embedded_defaults(tmp_path: Path) -> None:
 
 def test_demo_summary_names_the_control_mode_that_ran() -> None:
     """Not "PI control" when feedforward ran (F3): the mode comes from valvey's own state."""
-    from rackctl.demo import _alarm_note, control_mode_from_states
+    from harness.demo import _alarm_note, control_mode_from_states
 
     def st(enabled: bool, source: str) -> dict[str, object]:
         return {"feedforward": {"enabled": enabled, "source": source}}

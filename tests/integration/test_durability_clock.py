@@ -13,10 +13,10 @@ import itertools
 import time
 from pathlib import Path
 
-from rackplane.service import Notifier, TickStats, run_ticker
+from rackplane.io.service import Notifier, TickStats, run_ticker
+from rackplane.io.spool import Spool
+from rackplane.io.tsdb import TS_MIN_NS, TelemetryWriter
 from rackplane.settings import SpoolSettings, TsdbSettings
-from rackplane.spool import Spool
-from rackplane.tsdb import TS_MIN_NS, TelemetryWriter
 
 
 class SteppingClock:

@@ -1,5 +1,5 @@
 """racky through a SIGKILL (issue 7): READY again after the restart, the operator's budget
-(persisted state, racky.lifecycle's versioned state file) survives, and no line its spool held
+(persisted state, racky.core.lifecycle's versioned state file) survives, and no line its spool held
 at the kill is lost (embedded store: no database, so every line stays in the spool)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.servers import Mosquitto
 from rackctl.client import ClientSettings, CommandClient
 from tests.integration.harness import (
     NotifySocket,
@@ -21,7 +22,6 @@ from tests.integration.harness import (
     until,
     write_config,
 )
-from tests.servers import Mosquitto
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 

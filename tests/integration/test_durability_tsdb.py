@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.servers import VictoriaMetrics
 from rackplane.clock import SystemClock
+from rackplane.io.tsdb import TelemetryWriter
 from rackplane.settings import SpoolSettings, TsdbSettings
-from rackplane.tsdb import TelemetryWriter
-from tests.servers import VictoriaMetrics
 
 pytestmark = [pytest.mark.servers]
 

@@ -27,10 +27,11 @@ from typing import Any
 
 import pytest
 
+from harness.servers import Mosquitto, VictoriaMetrics, free_port
 from rackplane.clock import FakeClock
-from rackplane.mqtt import Message
+from rackplane.io.mqtt import Message
+from rackplane.io.tsdb import TelemetryWriter
 from rackplane.settings import Identity, MqttSettings, SpoolSettings, TsdbSettings
-from rackplane.tsdb import TelemetryWriter
 from tests.integration.harness import (
     MqttClient,
     NotifySocket,
@@ -40,7 +41,6 @@ from tests.integration.harness import (
     valvey_proc,
     write_config,
 )
-from tests.servers import Mosquitto, VictoriaMetrics, free_port
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 

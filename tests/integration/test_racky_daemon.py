@@ -1,6 +1,6 @@
 """racky's daemon with real servers, the parts the end-to-end test does not reach:
 
-- discovery (`racky.discovery` driven by `racky.app.Racky._discovery`) over real Modbus TCP
+- discovery (`racky.core.discovery` driven by `racky.app.Racky._discovery`) over real Modbus TCP
   (the simulator's power-shelf face, `sims.modbus_face`): the start-up scan finds the 8 shelves
   and no more; a shelf that answers only exceptions goes dormant (its poll stops), is
   re-probed, and is polled again once it answers;
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.servers import Mosquitto, VictoriaMetrics
 from rackplane.commands import CommandReply
 from racky.app import Racky
 from racky.config import RackyConfig
@@ -33,7 +34,6 @@ from tests.integration.harness import (
     until,
     write_config,
 )
-from tests.servers import Mosquitto, VictoriaMetrics
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from harness.servers import free_port
 from rackctl.client import (
     BrokerRefused,
     BrokerUnavailable,
@@ -29,10 +30,9 @@ from rackctl.client import (
     ReplyTimeout,
 )
 from rackplane.commands import AlarmPayload, StatusPayload
-from rackplane.mqtt import Message, PublishRefused
+from rackplane.io.mqtt import Message, PublishRefused
 from tests.integration.harness import Proc, valvey_proc, write_valvey_config
 from tests.integration.secure_broker import SecureBroker, make_ca, start_secure_broker
-from tests.servers import free_port
 
 pytestmark = [pytest.mark.servers]
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.servers import Mosquitto, VictoriaMetrics, free_port
 from sims.metrics import step_metrics
 from tests.integration.harness import Watcher, sim_proc, valvey_proc, write_valvey_config
-from tests.servers import Mosquitto, VictoriaMetrics, free_port
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 

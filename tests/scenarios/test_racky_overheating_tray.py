@@ -4,7 +4,7 @@ the GPUs out of slowdown; the scenario's sudden fouling is detected too."""
 
 from __future__ import annotations
 
-from rackctl.lockstep_racky import fault_coverage, overheat_figures, run_racky
+from harness.lockstep_racky import fault_coverage, overheat_figures, run_racky
 
 
 def test_overheating_tray_warned_30s_ahead_and_protected() -> None:

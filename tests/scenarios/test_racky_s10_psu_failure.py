@@ -3,7 +3,7 @@ within 1 s, and the rack capped to live capacity within 1 s once redundancy is g
 
 from __future__ import annotations
 
-from rackctl.lockstep_racky import fault_coverage, s10_figures
+from harness.lockstep_racky import fault_coverage, s10_figures
 
 
 def test_s10_alarms_and_capacity_cap_within_one_second() -> None:

@@ -3,7 +3,7 @@ grid-side ramp limit: ≤ 2 % over, back under within 5 s, AC input ramp within 
 
 from __future__ import annotations
 
-from rackctl.lockstep_racky import S2_BUDGET_W, s2_figures
+from harness.lockstep_racky import S2_BUDGET_W, s2_figures
 
 
 def test_s2_training_and_agentic_power_vs_budget_and_grid_ramp() -> None:

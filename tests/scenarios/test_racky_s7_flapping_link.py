@@ -4,7 +4,7 @@ incident; every injected fault detected. BR-13 through the same window rule."""
 
 from __future__ import annotations
 
-from rackctl.lockstep_racky import br13_figures, fault_coverage, s7_figures
+from harness.lockstep_racky import br13_figures, fault_coverage, s7_figures
 from sims.scenario import Scenario, load_scenario
 
 

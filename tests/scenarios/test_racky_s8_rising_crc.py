@@ -1,11 +1,11 @@
 """S8 rising-crc (REFERENCE §5, §3.3): racky's CUSUM (its own classes and [links] parameters)
 on the link-only harness — 24 h creep median ≤ 4.5 h, p90 ≤ 5 h; fast ramp ≤ 30 min; no
 false alarm on healthy links — and the fast ramp through racky's whole lock-step pipeline.
-Fewer links and link-days than the scenario report (rackctl.lockstep_racky), same code."""
+Fewer links and link-days than the scenario report (harness.lockstep_racky), same code."""
 
 from __future__ import annotations
 
-from rackctl.lockstep_racky import fault_coverage, s8_harness_figures, s8_lockstep_figures
+from harness.lockstep_racky import fault_coverage, s8_harness_figures, s8_lockstep_figures
 
 
 def test_s8_creep_and_fast_ramp_detected_in_time_and_quiet_when_healthy() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from rackctl.lockstep_racky import fault_coverage, s9_figures
+from harness.lockstep_racky import fault_coverage, s9_figures
 from racky.config import RackyConfig
 from sims.scenario import load_scenario
 

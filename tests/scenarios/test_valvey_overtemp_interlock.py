@@ -3,8 +3,8 @@
 Stimulus: the S9 scenario (132 kW, supply setpoint 45 °C) with the facility water stepped
 40 → 52 °C over 60 s at t = 120 s (a chiller trip: the facility water is hotter than the
 setpoint, so no valve position can hold it) and back to 40 °C at t = 600 s. Defaults from
-`valvey.safety.SafetySettings`: interlock at setpoint + 5 K for 5 s, cleared below
-setpoint + 2 K for 60 s (module docstring of `valvey.safety`).
+`valvey.core.safety.SafetySettings`: interlock at setpoint + 5 K for 5 s, cleared below
+setpoint + 2 K for 60 s (module docstring of `valvey.core.safety`).
 
 Right values: the interlock trips within its delay of the measured supply crossing
 setpoint + 5 K; while the supply is above setpoint + 2 K the facility valve is fully open;
@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from rackctl.lockstep import LockstepResult, run_valvey
+from harness.lockstep_valvey import LockstepResult, run_valvey
 from sims.scenario import load_scenario
-from valvey.safety import SafetySettings
+from valvey.core.safety import SafetySettings
 
 SETPOINT_C = 45.0
 

@@ -1,8 +1,8 @@
 """Issue 4's must-reach figures, each asserted on a lock-step run of its REFERENCE §5 scenario.
 
-valvey's pure core runs with the plant (`rackctl.lockstep.run_valvey`, 10 Hz, fake clock,
+valvey's pure core runs with the plant (`harness.lockstep_valvey.run_valvey`, 10 Hz, fake clock,
 warm start). The figures are computed by the same functions the scenario report uses
-(`rackctl.lockstep.figures`, `sensor_figures`, `leak_figures`); the report
+(`harness.lockstep_valvey.figures`, `sensor_figures`, `leak_figures`); the report
 (`valvey_scenario_figures`) runs the full seed sets and 24 h, these tests fewer seeds or
 shorter traces where that still tests the bound honestly (each test says how). The plant is
 never tuned here: only the controller config and the stimulus a test needs.
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rackctl.lockstep import (
+from harness.lockstep_valvey import (
     LockstepResult,
     figures,
     leak_figures,

@@ -1,4 +1,4 @@
-"""Alarm engine lifecycle and ThresholdDetector (rackplane/alarms.py)."""
+"""Alarm engine lifecycle and ThresholdDetector (rackplane/core/alarms.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rackplane.alarms import AlarmDef, AlarmEngine, AlarmEvent, ThresholdDetector
 from rackplane.config import validate_data
+from rackplane.core.alarms import AlarmDef, AlarmEngine, AlarmEvent, ThresholdDetector
 from rackplane.errors import CommandError, ConfigError
 
 T0 = 1000.0

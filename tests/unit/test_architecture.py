@@ -17,26 +17,41 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("rackplane", "valvey", "racky", "sims", "rackctl")
+PACKAGES = ("rackplane", "valvey", "racky", "sims", "harness", "rackctl")
 
 
-def _modules() -> dict[str, set[str]]:
-    """module path (relative) -> set of top-level-qualified imported module names."""
+def _imports(nodes: list[ast.stmt] | list[ast.AST]) -> set[str]:
+    names: set[str] = set()
+    for node in nodes:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Import):
+                names.update(a.name for a in sub.names)
+            elif isinstance(sub, ast.ImportFrom) and sub.module and sub.level == 0:
+                names.add(sub.module)
+    return names
+
+
+def _modules() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """module path (relative) -> imported module names; and the same for the imports made
+    only inside a function body (lazy imports)."""
     out: dict[str, set[str]] = {}
+    lazy: dict[str, set[str]] = {}
     for pkg in PACKAGES:
         for f in (ROOT / pkg).rglob("*.py"):
             tree = ast.parse(f.read_text(), str(f))
-            names: set[str] = set()
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
-                    names.update(a.name for a in node.names)
-                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    names.add(node.module)
-            out[str(f.relative_to(ROOT))] = names
-    return out
+            rel = str(f.relative_to(ROOT))
+            out[rel] = _imports([tree])
+            top = _imports([n for n in tree.body
+                            if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef
+                                              | ast.ClassDef)])
+            for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+                top |= _imports([n for n in cls.body
+                                 if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)])
+            lazy[rel] = out[rel] - top
+    return out, lazy
 
 
-MODULES = _modules()
+MODULES, LAZY = _modules()
 
 
 def _importers(prefix: str) -> set[str]:
@@ -45,51 +60,105 @@ def _importers(prefix: str) -> set[str]:
 
 
 @pytest.mark.parametrize(("library", "allowed"), [
-    ("aiomqtt", {"rackplane/mqtt.py"}),
-    ("paho", {"rackplane/mqtt.py"}),
-    ("pymodbus", {"rackplane/modbus.py", "sims/modbus_face.py"}),
-    ("influxdb_client", {"rackplane/tsdb.py"}),
-    ("simple_pid", {"rackplane/pid.py"}),
-    ("prometheus_client", {"rackplane/selfmetrics.py"}),
-    ("serial", {"rackplane/modbus.py"}),
-    ("msgspec", {"rackplane/tray_contract.py"}),
+    ("aiomqtt", {"rackplane/io/mqtt.py"}),
+    ("paho", {"rackplane/io/mqtt.py"}),
+    ("pymodbus", {"rackplane/io/modbus.py", "sims/modbus_face.py"}),
+    ("influxdb_client", {"rackplane/io/tsdb.py"}),
+    ("simple_pid", {"rackplane/core/pid.py"}),
+    ("prometheus_client", {"rackplane/io/selfmetrics.py"}),
+    ("serial", {"rackplane/io/modbus.py"}),
+    ("msgspec", {"rackplane/core/tray_contract.py"}),
     ("orjson", set()),  # replaced by msgspec (one library for one job)
 ])
 def test_each_library_has_one_adapter(library: str, allowed: set[str]) -> None:
     assert _importers(library) <= allowed
 
 
+# --- dependency rules (DESIGN §2) ---------------------------------------------------------------
+
+DAEMONS = ("valvey", "racky")
+CORE_DIRS = ("rackplane/core/", "valvey/core/", "racky/core/")
+# The simulators' plant models are pure cores too; their protocol faces and runtime are not.
+SIM_CORES = ("sims/cdu.py", "sims/loads.py", "sims/sensors.py", "sims/scenario.py",
+             "sims/metrics.py", "sims/rack.py", "sims/power.py", "sims/environment.py",
+             "sims/workloads.py", "sims/row.py", "sims/fabric.py", "sims/link_harness.py")
+# What a pure core may never import: adapters, sockets, event loops, I/O libraries.
+IO = {"asyncio", "socket", "aiomqtt", "paho", "pymodbus", "influxdb_client", "urllib", "http",
+      "serial", "sdnotify", "prometheus_client", "subprocess", "threading", "rackplane.io"}
+
+
+def is_core(mod: str) -> bool:
+    return mod.startswith(CORE_DIRS) or mod in SIM_CORES
+
+
+def violations(modules: dict[str, set[str]], lazy: dict[str, set[str]] | None = None) -> list[str]:
+    """Every import the architecture forbids, as ``module -> import: rule``.
+
+    Rules: the shared runtime imports no daemon, simulator, harness or CLI; daemons import
+    neither each other, the simulators, the harness nor the CLI; the simulators import no
+    daemon; only the harness joins daemons and simulators (the CLI reaches the harness only
+    lazily, inside a function); nothing imports ``tests``; pure cores import no adapter and no
+    I/O library.
+    """
+    out: list[str] = []
+    for mod, names in modules.items():
+        pkg = mod.split("/")[0]
+        for name in names:
+            top = name.split(".")[0]
+            rule = None
+            if top == "tests" and pkg != "tests":
+                rule = "product code imports tests"
+            elif pkg == "rackplane" and top in {*DAEMONS, "sims", "harness", "rackctl"}:
+                rule = "the shared runtime imports a daemon, simulator, harness or CLI"
+            elif pkg in DAEMONS and top in {*DAEMONS, "sims", "harness", "rackctl"} - {pkg}:
+                rule = "a daemon imports another daemon, a simulator, the harness or the CLI"
+            elif pkg == "sims" and top in {*DAEMONS, "harness", "rackctl"}:
+                rule = "a simulator imports a daemon, the harness or the CLI"
+            elif pkg == "rackctl" and top in {"sims", "harness"} and name not in (
+                    (lazy or {}).get(mod, set())):
+                rule = "the CLI imports the harness or a simulator at module level"
+            elif is_core(mod) and (name in IO or top in IO
+                                   or any(name.startswith(p + ".") for p in IO)):
+                rule = "a pure core imports an adapter or an I/O library"
+            if rule:
+                out.append(f"{mod} -> {name}: {rule}")
+    return out
+
+
 def test_dependency_rules() -> None:
-    for mod, names in MODULES.items():
-        top = {n.split(".")[0] for n in names}
-        if mod.startswith("rackplane/"):
-            assert not top & {"valvey", "racky", "sims", "rackctl"}, mod
-        if mod.startswith("valvey/"):
-            assert not top & {"racky", "sims", "rackctl"}, mod
-        if mod.startswith("racky/"):
-            assert not top & {"valvey", "sims", "rackctl"}, mod
-        if mod.startswith("sims/"):
-            assert not top & {"valvey", "racky", "rackctl"}, mod
+    assert violations(MODULES, LAZY) == []
 
 
-PURE = [
-    "rackplane/samples.py", "rackplane/registers.py", "rackplane/pid.py", "rackplane/alarms.py",
-    "rackplane/spool.py", "valvey/supply_loop.py", "valvey/core.py", "sims/cdu.py",
-    "sims/loads.py", "sims/sensors.py", "sims/scenario.py", "sims/metrics.py",
-    "sims/rack.py", "sims/power.py", "sims/environment.py", "sims/workloads.py", "sims/row.py",
-    "sims/fabric.py", "sims/link_harness.py",
-]
-IO = {"asyncio", "socket", "aiomqtt", "paho", "pymodbus", "influxdb_client", "urllib",
-      "http", "rackplane.mqtt", "rackplane.modbus", "rackplane.tsdb", "rackplane.service"}
+@pytest.mark.parametrize(("module", "planted"), [
+    ("rackplane/core/samples.py", "rackplane.io.mqtt"),
+    ("valvey/core/pumps.py", "asyncio"),
+    ("racky/core/power.py", "pymodbus.client"),
+    ("valvey/app.py", "tests.servers"),
+    ("valvey/app.py", "racky.core.controller"),
+    ("racky/app.py", "sims.scenario"),
+    ("rackplane/io/mqtt.py", "valvey.config"),
+    ("rackctl/client.py", "harness.servers"),
+    ("sims/telemetry.py", "racky.core.telemetry"),
+])
+def test_dependency_rules_catch_a_planted_violation(module: str, planted: str) -> None:
+    """The checker is shown to fail: each forbidden import, planted, is reported."""
+    planted_graph = {m: set(n) for m, n in MODULES.items()}
+    assert module in planted_graph, module
+    planted_graph[module].add(planted)
+    found = violations(planted_graph, LAZY)
+    assert any(v.startswith(f"{module} -> {planted}:") for v in found), found
 
 
-@pytest.mark.parametrize("module", PURE)
-def test_pure_cores_do_no_io(module: str) -> None:
-    names = MODULES[module]
-    bad = {n for n in names if n in IO or n.split(".")[0] in IO}
-    if module == "rackplane/spool.py":  # the spool is file I/O by nature, but never network
-        bad -= set()
-    assert not bad, f"{module} imports {bad}"
+def test_every_core_module_is_checked() -> None:
+    """Each core folder holds modules, and each is in the checked set."""
+    for d in CORE_DIRS:
+        mods = [m for m in MODULES if m.startswith(d)]
+        assert len(mods) >= 3, d
+        assert all(is_core(m) for m in mods)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if is_core(m)))
+def test_pure_cores_read_no_clock(module: str) -> None:
     src = (ROOT / module).read_text()
     for call in ("time.time(", "time.monotonic(", "datetime.now(", "asyncio.sleep("):
         assert call not in src, f"{module} reads a clock or sleeps: {call}"

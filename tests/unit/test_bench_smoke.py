@@ -1,4 +1,4 @@
-"""Smoke tests of the benchmark suite (rackctl/bench.py) in quick mode: the plumbing runs and
+"""Smoke tests of the benchmark suite (harness/bench.py) in quick mode: the plumbing runs and
 writes figures; no timing is asserted (speed figures live in bench results, not tests)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rackctl import bench
-from rackctl.figures import write_results
+from harness import bench
+from harness.figures import write_results
 
 
 def test_spread_figure_reports_median_and_spread() -> None:

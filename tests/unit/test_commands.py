@@ -20,8 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rackplane.alarms import AlarmEvent
 from rackplane.clock import FakeClock
+from rackplane.config import validate_data
+from rackplane.core.alarms import AlarmEvent
 from rackplane.commands import (
     ROLE_RANK,
     ROUTER_CODES,
@@ -37,16 +38,15 @@ from rackplane.commands import (
     schema_documents,
     stale_schemas,
 )
-from rackplane.config import validate_data
+from rackplane.core.leases import LeaseTable
+from rackplane.core.samples import good
 from rackplane.errors import CommandError, ConfigError
-from rackplane.leases import LeaseTable
-from rackplane.mqtt import Message, MqttLink
-from rackplane.samples import good
+from rackplane.io.mqtt import Message, MqttLink
 from rackplane.settings import CommandSettings, Identity, MqttSettings
 from valvey.commands import VALVEY_OUTPUTS, register_valvey_commands, valvey_verb_args
 from valvey.config import CduPoints, ControlSettings, ValveyConfig
-from valvey.core import ValveyCore
-from valvey.supply_loop import SUPPLY_LOOP_FAILSAFE, SUPPLY_PV_INVALID, SupplyLoopSettings
+from valvey.core.controller import ValveyCore
+from valvey.core.supply_loop import SUPPLY_LOOP_FAILSAFE, SUPPLY_PV_INVALID, SupplyLoopSettings
 
 USERS = {"alice": "operator", "bms": "automation", "viewer": "reader"}
 HANDLER_CODES = {"out_of_range", "invalid_value", "unknown_alarm", "invalid_shelve_time"}

@@ -24,8 +24,8 @@ from rackplane.commands import (
     register_lease_verbs,
     require_within,
 )
+from rackplane.core.leases import LeaseTable
 from rackplane.errors import CommandError
-from rackplane.leases import LeaseTable
 from tests.unit.test_commands import Rig, error_code, make_rig
 
 _MIDS = itertools.count(1)

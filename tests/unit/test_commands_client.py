@@ -27,7 +27,7 @@ from rackctl.client import (
     watch_filters,
 )
 from rackplane.errors import ConfigError
-from rackplane.mqtt import Message
+from rackplane.io.mqtt import Message
 
 
 @pytest.fixture(autouse=True)
@@ -185,8 +185,8 @@ def test_bench_and_scenarios_call_their_modules_lazily(
     import types
 
     calls: list[tuple[str, dict[str, Any]]] = []
-    bench = types.ModuleType("rackctl.bench")
-    report = types.ModuleType("rackctl.report")
+    bench = types.ModuleType("harness.bench")
+    report = types.ModuleType("harness.report")
 
     def bench_main(**kw: Any) -> int:
         calls.append(("bench", kw))
@@ -198,8 +198,8 @@ def test_bench_and_scenarios_call_their_modules_lazily(
 
     bench.main = bench_main  # type: ignore[attr-defined]
     report.main = report_main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "rackctl.bench", bench)
-    monkeypatch.setitem(sys.modules, "rackctl.report", report)
+    monkeypatch.setitem(sys.modules, "harness.bench", bench)
+    monkeypatch.setitem(sys.modules, "harness.report", report)
     r = CliRunner().invoke(app, ["bench", "--out", str(tmp_path), "--quick"])
     assert r.exit_code == 1  # the module's verdict is the exit code
     r = CliRunner().invoke(app, ["scenarios", "--out", str(tmp_path / "s"), "--only", "S1",
@@ -219,8 +219,8 @@ def test_bench_and_scenarios_missing_module_is_a_clear_error_exit_2(
 ) -> None:
     import sys
 
-    monkeypatch.setitem(sys.modules, "rackctl.bench", None)  # import raises ModuleNotFoundError
-    monkeypatch.setitem(sys.modules, "rackctl.report", None)
+    monkeypatch.setitem(sys.modules, "harness.bench", None)  # import raises ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "harness.report", None)
     for argv in (["bench", "--out", str(tmp_path)], ["scenarios", "--out", str(tmp_path)]):
         r = CliRunner().invoke(app, argv)
         assert r.exit_code == 2

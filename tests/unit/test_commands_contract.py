@@ -33,8 +33,8 @@ from rackplane.commands import (
     stale_schemas,
     write_schemas,
 )
-from rackplane.leases import LeaseTable
-from rackplane.mqtt import MqttLink
+from rackplane.core.leases import LeaseTable
+from rackplane.io.mqtt import MqttLink
 from rackplane.settings import CommandSettings, Identity, MqttSettings
 from tests.unit.test_commands import make_rig
 

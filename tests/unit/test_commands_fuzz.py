@@ -39,14 +39,14 @@ from rackplane.commands import (
     CommandRouter,
     LeaseGate,
 )
-from rackplane.leases import LeaseTable
-from rackplane.mqtt import Message, MqttLink
+from rackplane.core.leases import LeaseTable
+from rackplane.io.mqtt import Message, MqttLink
 from rackplane.settings import CommandSettings, Identity, MqttSettings
 from racky.commands import register_racky_commands
 from racky.config import RackyConfig
-from racky.core import RackyCore
-from racky.lifecycle import Lifecycle, PersistedState
-from racky.power import AgentCommand
+from racky.core.controller import RackyCore
+from racky.core.lifecycle import Lifecycle, PersistedState
+from racky.core.power import AgentCommand
 from tests.unit.test_commands import CaptureLog, drive, loop_fingerprint, make_rig
 
 USERS = {"alice": "operator", "bms": "automation", "viewer": "reader"}

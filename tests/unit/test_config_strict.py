@@ -91,7 +91,7 @@ def test_check_config_refuses_missing_state_file_folder(
 def test_racky_state_store_does_not_create_missing_folders(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from racky.lifecycle import StateStore
+    from racky.core.lifecycle import StateStore
 
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     store = StateStore(tmp_path / "no" / "dir" / "racky-state.json")
@@ -116,7 +116,7 @@ def test_inf_and_nan_floats_are_config_errors_with_the_key_path() -> None:
 
 def test_overtemp_clear_band_must_be_below_the_trip_band() -> None:
     """overtemp_clear_k >= overtemp_k tripped the interlock but never forced the valves open."""
-    from valvey.safety import SafetySettings
+    from valvey.core.safety import SafetySettings
 
     with pytest.raises(ValidationError, match=r"overtemp_clear_k .* must be below overtemp_k"):
         SafetySettings(overtemp_k=5.0, overtemp_clear_k=10.0)

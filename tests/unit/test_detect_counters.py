@@ -1,4 +1,5 @@
-"""rackplane.detect.counters: deltas across wraps, resets and saturation (FIELD-CASES BR-11)."""
+"""rackplane.core.detect.counters:
+deltas across wraps, resets and saturation (FIELD-CASES BR-11)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rackplane.detect import CounterDeltas, CounterStatus
+from rackplane.core.detect import CounterDeltas, CounterStatus
 
 U32 = 2**32
 U64 = 2**64

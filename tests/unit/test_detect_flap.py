@@ -1,11 +1,11 @@
-"""rackplane.detect.flap: window count (FIELD-CASES BR-13), flap score, DCGM "any rise"."""
+"""rackplane.core.detect.flap: window count (FIELD-CASES BR-13), flap score, DCGM "any rise"."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from rackplane.detect import (
+from rackplane.core.detect import (
     CounterDeltas,
     CounterStatus,
     EventWindow,

@@ -10,7 +10,7 @@ The written schema is derived from the daemons' code, never typed here:
 - ``write_samples`` calls write the register map's points (``<point>`` and
   ``<point>_quality``): valvey's CDU map split by ``valvey.app.MEASUREMENT_OF_POINT``,
   racky's power-shelf map as ``power_shelf``;
-- the self-metrics (`rackplane.selfmetrics`) count as written only once a daemon constructs
+- the self-metrics (`rackplane.io.selfmetrics`) count as written only once a daemon constructs
   ``SelfMetrics``: their fields are the `SelfMetricsSnapshot` dataclass fields.
 
 Every ``FROM``/field/tag of every dashboard query must be in that set.
@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 
-from rackplane.registers import load_register_map
-from rackplane.selfmetrics import MEASUREMENT as SELF_MEASUREMENT
-from rackplane.selfmetrics import snapshot_fields
+from rackplane.core.registers import load_register_map
+from rackplane.io.selfmetrics import MEASUREMENT as SELF_MEASUREMENT
+from rackplane.io.selfmetrics import snapshot_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "config" / "grafana"

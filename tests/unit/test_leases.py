@@ -1,4 +1,4 @@
-"""rackplane.leases: who may move an output (DESIGN §1 "Outputs are owned": active safety
+"""rackplane.core.leases: who may move an output (DESIGN §1 "Outputs are owned": active safety
 interlocks always win; below them leases decide, operator > automation, each with an expiry and
 an explicit release; the state shows the holder). Pure: time is passed in."""
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rackplane.commands import LeasesState
+from rackplane.core.leases import LEASE_CODES, PRIORITY, LeaseTable
 from rackplane.errors import CommandError
-from rackplane.leases import LEASE_CODES, PRIORITY, LeaseTable
 
 
 def code_of(fn: Any, *args: Any, **kw: Any) -> str:

@@ -1,4 +1,4 @@
-"""PidLoop (rackplane/pid.py): FIELD-CASES BR-14, BR-16, BR-25 and the anti-windup,
+"""PidLoop (rackplane/core/pid.py): FIELD-CASES BR-14, BR-16, BR-25 and the anti-windup,
 tracking, feedforward and bumpless-transfer properties.
 
 The ``raw_*`` tests drive simple-pid 2.0.1 directly to document the library behaviour our
@@ -17,8 +17,8 @@ from simple_pid import PID
 
 from rackplane.clock import FakeClock
 from rackplane.config import validate_data
+from rackplane.core.pid import PidLoop, PidNotInitialisedError, PidOutput, PidSettings
 from rackplane.errors import ConfigError
-from rackplane.pid import PidLoop, PidNotInitialisedError, PidOutput, PidSettings
 
 # FIELD-CASES cooling loop: simple-pid Kp=-5, Ki=-0.1 (Kd=-50) == direct acting 5, 0.1 (50).
 BR_SETTINGS = PidSettings(kp=5.0, ki=0.1, kd=0.0, action="direct")

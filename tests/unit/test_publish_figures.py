@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from rackctl.figures import Figure, write_results
+from harness.figures import Figure, write_results
 
 ROOT = Path(__file__).resolve().parents[2]
 

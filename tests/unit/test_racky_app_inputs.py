@@ -1,4 +1,4 @@
-"""racky's MQTT input handlers (`racky.app.Racky`), fed `rackplane.mqtt.Message` objects the
+"""racky's MQTT input handlers (`racky.app.Racky`), fed `rackplane.io.mqtt.Message` objects the
 way the broker link hands them over (no broker needed: the retained flag and the receive time
 are what matter). A dead publisher's retained value is never taken as fresh; a retained or
 duplicated tray message does not move the tray's reading."""
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rackplane.clock import FakeClock
-from rackplane.mqtt import Message
+from rackplane.io.mqtt import Message
 from rackplane.settings import Identity
 from racky.app import Racky
 from racky.config import RackyConfig
@@ -127,9 +127,9 @@ def test_an_agent_reply_with_ok_as_a_string_is_not_success(racky: Racky) -> None
 def test_a_silent_tray_is_alarmed_and_never_counted_as_zero_watts() -> None:
     """Tray 5's agent goes silent: its reading ages, ``tray_stale.tray05`` is raised, and the
     rack's IT power (no shelves here) becomes unknown instead of the sum of the other 17."""
-    from racky.core import RackyCore, RackyInputs
-    from racky.lifecycle import Lifecycle, PersistedState
-    from racky.telemetry import TelemetryIngest
+    from racky.core.controller import RackyCore, RackyInputs
+    from racky.core.lifecycle import Lifecycle, PersistedState
+    from racky.core.telemetry import TelemetryIngest
     from sims.telemetry import tray_payloads
 
     cfg = RackyConfig()

@@ -16,14 +16,14 @@ import pytest
 
 from rackplane.clock import FakeClock
 from rackplane.commands import CommandAudit, CommandReply, CommandRouter, LeaseGate
-from rackplane.leases import LeaseTable
-from rackplane.mqtt import Message, MqttLink
+from rackplane.core.leases import LeaseTable
+from rackplane.io.mqtt import Message, MqttLink
 from rackplane.settings import CommandSettings, Identity, MqttSettings
 from racky.commands import register_racky_commands
 from racky.config import BlastRadiusSettings, RackyConfig
-from racky.core import RackyCore, RackyInputs
-from racky.lifecycle import Lifecycle, PersistedState
-from racky.power import AgentCommand
+from racky.core.controller import RackyCore, RackyInputs
+from racky.core.lifecycle import Lifecycle, PersistedState
+from racky.core.power import AgentCommand
 from tests.unit.test_commands import CaptureLog, drive
 
 USERS = {"alice": "operator", "bob": "operator", "bms": "automation", "viewer": "reader"}

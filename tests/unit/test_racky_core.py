@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from rackctl.lockstep_racky import WALL0_NS, fouling_hook, run_racky, run_validation
+from harness.lockstep_racky import WALL0_NS, fouling_hook, run_racky, run_validation
 from rackplane.errors import CommandError
 from racky.config import BlastRadiusSettings, RackyConfig
-from racky.core import RackyCore
-from racky.lifecycle import Lifecycle, PersistedState, StateStore
+from racky.core.controller import RackyCore
+from racky.core.lifecycle import Lifecycle, PersistedState, StateStore
 from sims.scenario import FabricSpec, ScenarioRun, load_scenario
 
 SC = load_scenario("load-step-short")
@@ -193,7 +193,7 @@ def test_cap_drift_is_reasserted_and_alarmed_naming_the_tray() -> None:
     the desired and reported caps; the obedient trays raise nothing."""
     from dataclasses import replace
 
-    from rackctl.lockstep_racky import default_config
+    from harness.lockstep_racky import default_config
 
     def hook(now: float, run: ScenarioRun, core: RackyCore) -> None:
         if now >= 20.0:

@@ -1,10 +1,10 @@
-"""racky.discovery.DiscoveryPlan: full scan at start, then one unknown address per slow
+"""racky.core.discovery.DiscoveryPlan: full scan at start, then one unknown address per slow
 interval; dormant shelves re-probed every few minutes (Meta rackmon's practice, REF §8)."""
 
 from __future__ import annotations
 
 from racky.config import DiscoverySettings
-from racky.discovery import DiscoveryPlan
+from racky.core.discovery import DiscoveryPlan
 
 
 def _plan() -> DiscoveryPlan:

@@ -1,4 +1,4 @@
-"""racky.links.LinkHealth on small frames: FIELD-CASES BR-11 and BR-13 through racky's whole
+"""racky.core.links.LinkHealth on small frames: FIELD-CASES BR-11 and BR-13 through racky's whole
 per-port pipeline (counter deltas → events → window rule → alarm condition)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from racky.config import LinkSettings, RackyConfig
-from racky.links import LinkHealth
-from racky.telemetry import LinkFrame
+from racky.core.links import LinkHealth
+from racky.core.telemetry import LinkFrame
 
 # BR-13 (c): polls every 10 s, 4 transitions in 60 s, quiet 300 s.
 BR13 = {"flap_events": "transitions", "flap_count": 4, "flap_window_s": 60.0,

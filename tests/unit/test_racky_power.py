@@ -1,4 +1,4 @@
-"""racky.power: the cap allocator (priority classes, headroom redistribution, ramp limits),
+"""racky.core.power: the cap allocator (priority classes, headroom redistribution, ramp limits),
 sequencing within the inrush limit, reconciliation with the drift alarm, the blast radius, the
 rack limit and the agents' smoothing settings."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rackplane.samples import Quality, Sample
+from rackplane.core.samples import Quality, Sample
 from racky.config import (
     BlastRadiusSettings,
     NodeAgentsSettings,
@@ -15,7 +15,7 @@ from racky.config import (
     SequencingSettings,
     ShelfPoints,
 )
-from racky.power import (
+from racky.core.power import (
     BlastRadius,
     CapAllocator,
     DesiredTray,
@@ -28,7 +28,7 @@ from racky.power import (
     read_shelves,
     smoothing,
 )
-from racky.telemetry import AgentReading, TrayReading
+from racky.core.telemetry import AgentReading, TrayReading
 
 AG = NodeAgentsSettings(trays=4)
 
@@ -235,8 +235,8 @@ def test_rack_power_for_valvey_is_unknown_while_a_shelf_is_offline() -> None:
     """``state/rack_power`` feeds valvey's feedforward: with a shelf offline the partial sum
     (half the rack) is published as unknown, never as the rack's power."""
     from racky.config import RackyConfig
-    from racky.core import RackyCore, RackyInputs
-    from racky.lifecycle import Lifecycle, PersistedState
+    from racky.core.controller import RackyCore, RackyInputs
+    from racky.core.lifecycle import Lifecycle, PersistedState
 
     pts = ShelfPoints()
     core = RackyCore(RackyConfig(), 0.0, PersistedState(Lifecycle("production")))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rackplane.clock import FakeClock
-from rackplane.selfmetrics import snapshot_fields
+from rackplane.io.selfmetrics import snapshot_fields
 from racky.app import Racky
 from racky.config import RackyConfig
 

@@ -1,4 +1,4 @@
-"""racky.telemetry.TelemetryIngest: the simulator's tray payloads parse into the rack's link
+"""racky.core.telemetry.TelemetryIngest: the simulator's tray payloads parse into the rack's link
 frame exactly (64-bit counters included); unusable payloads are refused whole."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from rackplane.settings import Identity
 from racky.config import RackyConfig
-from racky.telemetry import PayloadError, TelemetryIngest
+from racky.core.telemetry import PayloadError, TelemetryIngest
 from sims.scenario import FabricSpec, ScenarioRun, load_scenario
 
 
@@ -129,7 +129,7 @@ def test_bad_port_and_power_values_refuse_the_payload_and_leave_the_frame(
 
 def test_duplicate_reordered_and_retained_messages_are_not_taken_as_fresh(
         payloads: list[dict[str, Any]]) -> None:
-    from racky.telemetry import CLOCK_STEP_BACK_NS, StaleMessage
+    from racky.core.telemetry import CLOCK_STEP_BACK_NS, StaleMessage
 
     ing = _ingest()
     p0 = copy.deepcopy(payloads[3])
@@ -226,7 +226,7 @@ def test_typed_path_agrees_with_the_per_field_checks_on_mutated_payloads(
     mutations (wrong types, bools for numbers, NaN/inf, negatives, out-of-range integers,
     deleted keys, unknown fields), go through an ingest with and one without the typed path;
     outcomes, error messages and frames must be identical."""
-    import racky.telemetry as tm
+    import racky.core.telemetry as tm
 
     cases = _mutations(payloads)
     fast, slow = _ingest(), _ingest()
@@ -259,7 +259,7 @@ def test_bytes_decode_agrees_with_the_per_field_checks(
     same outcome and frame as the per-field checks on the same JSON, and the refusal names
     the same key path (its text may show an int as the float the Struct holds); NaN /
     Infinity literals are refused as not JSON."""
-    import racky.telemetry as tm
+    import racky.core.telemetry as tm
 
     fast, slow = _ingest(), _ingest()
     typed = 0
@@ -290,7 +290,7 @@ def test_bytes_decode_agrees_with_the_per_field_checks(
 
 
 def test_not_json_is_refused_naming_the_payload() -> None:
-    from racky.telemetry import decode_payload
+    from racky.core.telemetry import decode_payload
 
     for raw in (b"{", b'{"power_w": NaN}', b'{"power_w": 1e400}', b"\xff\xfe"):
         with pytest.raises(PayloadError, match=r"payload: not (valid JSON|the tray contract)"):
@@ -302,7 +302,7 @@ def test_generated_structs_read_a_payload_as_the_pydantic_contract_does(
     """The msgspec Structs are generated from the contract's models: a simulator payload
     decodes to the same values as `TrayTelemetry` validates it to, and the Structs refuse
     what the models forbid (unknown and missing required fields), naming the key path."""
-    from rackplane.tray_contract import (
+    from rackplane.core.tray_contract import (
         TrayShapeError,
         TrayTelemetry,
         decode_tray,
@@ -332,7 +332,7 @@ def _raw(p: Any) -> bytes:
 def _refused_both_ways(p: dict[str, Any], match: str) -> None:
     """Refused from the bytes (`decode_payload`, then `tray_payload`) and from the dict (the
     lock-step runner's way), naming ``match``; nothing stored."""
-    from racky.telemetry import decode_payload
+    from racky.core.telemetry import decode_payload
 
     ing = _ingest()
     with pytest.raises(PayloadError, match=match):
@@ -364,7 +364,7 @@ def test_h8_ts_ns_must_be_a_non_negative_int64(payloads: list[dict[str, Any]],
 
 
 def test_h8_ts_ns_at_the_ends_of_its_range_is_accepted(payloads: list[dict[str, Any]]) -> None:
-    from racky.telemetry import TS_NS_MAX, decode_payload
+    from racky.core.telemetry import TS_NS_MAX, decode_payload
 
     for ts in (0, TS_NS_MAX):
         ing = _ingest()
@@ -399,7 +399,7 @@ def test_h8_the_fallback_follows_the_contract(payloads: list[dict[str, Any]]) ->
     required field present, types as the models say, unknown fields refused, every counter
     racky keeps present; counter names racky does not keep are ignored (typed still); a
     repeated JSON key is not detected, its last value wins (docs/CONTRACTS.md)."""
-    from racky.telemetry import decode_payload
+    from racky.core.telemetry import decode_payload
 
     base = payloads[2]
     _refused_both_ways({**copy.deepcopy(base), "site": 123}, r"\$\.site")
@@ -434,8 +434,8 @@ def test_h8_the_fallback_follows_the_contract(payloads: list[dict[str, Any]]) ->
 
 
 def test_h8_very_deep_nesting_is_a_payload_error_not_a_recursion_error() -> None:
-    from rackplane.tray_contract import NotJsonError, decode_json
-    from racky.telemetry import decode_payload
+    from rackplane.core.tray_contract import NotJsonError, decode_json
+    from racky.core.telemetry import decode_payload
 
     deep = b"[" * 100_000 + b"]" * 100_000
     for raw in (b'{"x":' + deep + b"}", deep, b'{"gpus":' + deep + b"}"):

@@ -1,4 +1,4 @@
-"""Register maps: validation, decode/encode, read planning (pure; rackplane.registers)."""
+"""Register maps: validation, decode/encode, read planning (pure; rackplane.core.registers)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rackplane.errors import ConfigError, WriteRejected
-from rackplane.registers import (
+from rackplane.core.registers import (
     MAX_READ_REGISTERS,
     TYPE_WORDS,
     PointSpec,
@@ -32,7 +31,8 @@ from rackplane.registers import (
     raw_to_registers,
     samples_from_block,
 )
-from rackplane.samples import Quality
+from rackplane.core.samples import Quality
+from rackplane.errors import ConfigError, WriteRejected
 from rackplane.settings import ModbusTargetSettings
 
 ORDERS = ("ABCD", "CDAB", "BADC", "DCBA")

@@ -1,4 +1,4 @@
-"""The compiled block decoder (`rackplane.registers.BlockDecoder`, the Modbus poll hot path)
+"""The compiled block decoder (`rackplane.core.registers.BlockDecoder`, the Modbus poll hot path)
 gives exactly the samples of the reference path, `decode_point` + `decoded_sample` per point,
 for every type, word/byte order, scale, sentinel and range (pure)."""
 
@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rackplane.registers import (
+from rackplane.core.registers import (
     TYPE_WORDS,
     BlockDecode,
     BlockDecoder,
@@ -23,7 +23,7 @@ from rackplane.registers import (
     plan_reads,
     samples_from_block,
 )
-from rackplane.samples import Quality
+from rackplane.core.samples import Quality
 
 ORDERS = ("ABCD", "CDAB", "BADC", "DCBA")
 REG_TYPES = ("int16", "uint16", "int32", "uint32", "float32", "int64", "uint64", "float64",

@@ -1,4 +1,4 @@
-"""Smoke tests of the scenario report's plumbing (rackctl/report.py), with stand-in sources:
+"""Smoke tests of the scenario report's plumbing (harness/report.py), with stand-in sources:
 the real sources' figures are asserted by the scenario tests of each daemon."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rackctl import report
-from rackctl.figures import Figure
+from harness import report
+from harness.figures import Figure
 
 
 def _install(monkeypatch: pytest.MonkeyPatch, name: str, **attrs: object) -> None:

@@ -1,4 +1,4 @@
-"""Self-metrics (rackplane.selfmetrics): time series, status and the Prometheus endpoint."""
+"""Self-metrics (rackplane.io.selfmetrics): time series, status and the Prometheus endpoint."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 from pydantic import ValidationError
 
 from rackplane.clock import FakeClock
-from rackplane.samples import good
-from rackplane.selfmetrics import MEASUREMENT, SelfMetrics, pv_age_s, snapshot_fields
-from rackplane.service import TickStats
+from rackplane.core.samples import good
+from rackplane.io.selfmetrics import MEASUREMENT, SelfMetrics, pv_age_s, snapshot_fields
+from rackplane.io.service import TickStats
+from rackplane.io.spool import Spool
+from rackplane.io.tsdb import TelemetryWriter
 from rackplane.settings import MetricsSettings, SpoolSettings, TsdbSettings
-from rackplane.spool import Spool
-from rackplane.tsdb import TelemetryWriter
 
 IDENT = {"site": "lab", "row": "row1", "rack": "rack1"}
 
@@ -109,7 +109,7 @@ def test_endpoint_off_by_default() -> None:
 async def test_run_daemon_serves_the_daemons_metrics_while_it_runs() -> None:
     import asyncio
 
-    from rackplane.service import run_daemon
+    from rackplane.io.service import run_daemon
 
     class Dummy:
         def __init__(self) -> None:
@@ -134,8 +134,8 @@ async def test_run_daemon_serves_the_daemons_metrics_while_it_runs() -> None:
 
 
 async def test_unwritable_spool_raises_the_telemetry_alarm(tmp_path: Path) -> None:
-    from rackplane.alarms import AlarmEngine
-    from rackplane.selfmetrics import TELEMETRY_ALARMS, telemetry_alarm_conditions
+    from rackplane.core.alarms import AlarmEngine
+    from rackplane.io.selfmetrics import TELEMETRY_ALARMS, telemetry_alarm_conditions
 
     blocker = tmp_path / "file"
     blocker.write_text("x")

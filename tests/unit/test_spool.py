@@ -1,4 +1,4 @@
-"""The on-disk telemetry spool (rackplane.spool): cursor, rotation, bound, repair, versions."""
+"""The on-disk telemetry spool (rackplane.io.spool): cursor, rotation, bound, repair, versions."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rackplane.errors import SpoolError
-from rackplane.settings import SpoolSettings
-from rackplane.spool import (
+from rackplane.io.spool import (
     CURSOR_FILE,
     HEADER,
     HEADER_LEN,
@@ -23,6 +22,7 @@ from rackplane.spool import (
     Spool,
     segment_name,
 )
+from rackplane.settings import SpoolSettings
 
 SEG = 4096
 MAX = 4 * SEG
@@ -272,7 +272,7 @@ def test_disk_full_raises_spool_error_and_keeps_whole_lines(tmp_path: Path) -> N
         import json, resource, signal
         from pathlib import Path
         from rackplane.log import configure_logging
-        from rackplane.spool import Spool, SpoolWriteError
+        from rackplane.io.spool import Spool, SpoolWriteError
         import sys
         configure_logging("error", "json", stream=sys.stderr)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

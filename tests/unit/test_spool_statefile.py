@@ -1,4 +1,5 @@
-"""Persisted-state files (rackplane.statefile): atomic, versioned, refused clearly on rollback."""
+"""Persisted-state files (rackplane.io.statefile):
+atomic, versioned, refused clearly on rollback."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rackplane.statefile import StateFile, StateFileError, StateVersionError
+from rackplane.io.statefile import StateFile, StateFileError, StateVersionError
 
 WALL = 1_767_225_600 * 10**9
 

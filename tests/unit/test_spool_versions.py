@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rackplane.errors import SpoolError
-from rackplane.spool import CURSOR_FILE, Spool, check_format, segment_name
+from rackplane.io.spool import CURSOR_FILE, Spool, check_format, segment_name
 
 LINES = [f"m,rack=r1 v={i} {1_767_225_600_000_000_000 + i}" for i in range(5)]
 
@@ -61,7 +61,7 @@ def test_foreign_segment_is_refused_and_torn_one_passes(tmp_path: Path) -> None:
 
 def test_config_check_names_the_key(tmp_path: Path) -> None:
     from rackplane.errors import ConfigError
-    from rackplane.spool import check_spool_config
+    from rackplane.io.spool import check_spool_config
 
     check_spool_config("spool.directory", tmp_path)
     (tmp_path / segment_name(1)).write_bytes(b"# rackplane-spool v2\nm v=1 1\n")

@@ -1,4 +1,4 @@
-"""valvey supply-temperature loop core (valvey/supply_loop.py), pure and in lock-step with a
+"""valvey supply-temperature loop core (valvey/core/supply_loop.py), pure and in lock-step with a
 small first-order-plus-dead-time plant (REFERENCE §1.7: K ≈ −37 K per unit stroke, τ 35 s,
 θ 2 s)."""
 
@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rackplane.alarms import AlarmEngine
 from rackplane.config import validate_data
+from rackplane.core.alarms import AlarmEngine
+from rackplane.core.samples import Quality, Sample, good, invalid
 from rackplane.errors import CommandError, ConfigError
-from rackplane.samples import Quality, Sample, good, invalid
-from valvey.supply_loop import (
+from valvey.core.supply_loop import (
     SUPPLY_LOOP_FAILSAFE,
     SUPPLY_PV_INVALID,
     SUPPLY_TEMP_DEVIATION,

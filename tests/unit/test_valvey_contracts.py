@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rackplane.samples import Sample, good
-from valvey.capacity import CapacityGuard, CapacitySettings
-from valvey.feedforward import DynamicFeedforward, FeedforwardSettings
-from valvey.sensors import SensorMap, parse_sensor_message
+from rackplane.core.samples import Sample, good
+from valvey.core.capacity import CapacityGuard, CapacitySettings
+from valvey.core.feedforward import DynamicFeedforward, FeedforwardSettings
+from valvey.core.sensors import SensorMap, parse_sensor_message
 
 WALL_NS = 1_767_225_600 * 10**9
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rackctl.lockstep import run_valvey
+from harness.lockstep_valvey import run_valvey
 from sims.scenario import EnvironmentSpec, FaultSpec, ScenarioRun, load_scenario
 from valvey.config import ValveyConfig
-from valvey.core import ValveyCore, dew_point_c
+from valvey.core.controller import ValveyCore, dew_point_c
 
 
 def _steady(duration_s: float, **upd: Any) -> Any:

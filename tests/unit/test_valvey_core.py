@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from rackplane.samples import Sample, good
+from rackplane.core.samples import Sample, good
 from valvey.config import CduPoints, ControlSettings
-from valvey.core import ValveyCore
-from valvey.supply_loop import SupplyLoopSettings
+from valvey.core.controller import ValveyCore
+from valvey.core.supply_loop import SupplyLoopSettings
 
 T0 = 1000.0
 

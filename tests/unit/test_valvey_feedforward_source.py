@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rackplane.samples import Sample
-from valvey.feedforward import DynamicFeedforward, FeedforwardSettings
+from rackplane.core.samples import Sample
+from valvey.core.feedforward import DynamicFeedforward, FeedforwardSettings
 
 
 def _s(point: str, value: float, t: float) -> Sample:

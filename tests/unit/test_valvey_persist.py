@@ -14,20 +14,20 @@ import pytest
 import structlog
 
 from rackplane.clock import FakeClock
-from rackplane.mqtt import Message
-from rackplane.registers import load_register_map
-from rackplane.samples import good
-from rackplane.selfmetrics import TELEMETRY_ALARMS
+from rackplane.core.registers import load_register_map
+from rackplane.core.samples import good
+from rackplane.io.mqtt import Message
+from rackplane.io.selfmetrics import TELEMETRY_ALARMS
 from valvey.app import Valvey
 from valvey.commands import valvey_contract
 from valvey.config import ValveyConfig
+from valvey.core.supply_loop import SupplyLoop, SupplyLoopSettings
 from valvey.persist import (
     STATE_FORMAT,
     CommandState,
     apply_command_state,
     state_file_path,
 )
-from valvey.supply_loop import SupplyLoop, SupplyLoopSettings
 
 STATE_NAME = "valvey-state-rack1.json"  # beside the spool folder, named after the rack
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rackplane.selfmetrics import TELEMETRY_ALARMS
+from rackplane.io.selfmetrics import TELEMETRY_ALARMS
 from valvey.config import ValveyConfig
-from valvey.core import ValveyCore
+from valvey.core.controller import ValveyCore
 
 RUNBOOK = Path(__file__).resolve().parents[2] / "docs" / "RUNBOOK.md"
 

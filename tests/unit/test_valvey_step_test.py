@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from rackctl.lockstep import run_valvey
+from harness.lockstep_valvey import run_valvey
 from rackplane.errors import CommandError
 from sims.scenario import ScenarioRun, load_scenario
-from valvey.core import ValveyCore
-from valvey.step_test import identify_fopdt, simc_pi
+from valvey.core.controller import ValveyCore
+from valvey.core.step_test import identify_fopdt, simc_pi
 
 
 def test_identify_fopdt_recovers_a_known_first_order_dead_time_response() -> None:

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from rackplane.config import validate_data
 from rackplane.errors import ConfigError
-from rackplane.mqtt import encode_json
+from rackplane.io.mqtt import encode_json
 from rackplane.settings import Identity
 from sims.cli import app as sim_cli
 from sims.environment import (
@@ -1044,7 +1044,7 @@ def test_payloads_validate_and_carry_no_nan() -> None:
 
 
 def test_encode_readings_sentinel_nan_and_held_points() -> None:
-    from rackplane.registers import load_register_map
+    from rackplane.core.registers import load_register_map
     m = load_register_map("cdu-generic")
     ok, raw, held = encode_readings(
         m,

@@ -1,0 +1,1 @@
+"""What joins daemons and simulators: lock-step runs, benchmarks, demo wiring, test servers."""

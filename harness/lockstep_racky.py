@@ -1,0 +1,1011 @@
+"""Lock-step runs of racky's core with the whole virtual rack: no sockets, plant time as the clock.
+
+This is where racky and the simulators meet (DESIGN §2: the daemons never import ``sims``).
+Each 1 Hz tick: the power shelves' register values become `Sample` s (rounded to their register
+resolution, as racky's Modbus adapter would deliver them), the node agents' state and the link
+fabric become `racky.core.telemetry.TrayReading` s and the rack's
+`racky.core.telemetry.LinkFrame` (the columns of the ``telemetry/trayNN`` messages, built
+from the simulator's arrays instead of JSON; ``via_payloads=True`` goes through the JSON payloads and racky's parser instead), the
+CDU's readings become the cooling state valvey would publish; `racky.core.controller.RackyCore.step`
+decides; its ``set_power_limits`` commands are applied to the node agents exactly as the
+simulator's command handler applies them; the plant advances to the next tick in
+``plant_dt_s`` steps (0.1 s: the §4 plant's step; 1 s is allowed for long link-only runs).
+
+Usage::
+
+    r = run_racky("flapping-link")                          # ScenarioRun(model="rack"), fabric on
+    r.first_alarm("link_flapping", "gpu07/nic1")            # plant s of the raise
+    r = run_racky("training-swings", cfg, fine_trace=True)  # 0.1 s rack power (S2 figures)
+    res = run_validation("rack", out_dir=Path("report"))    # burn-in, judged, report written
+
+``python -m harness.lockstep_racky run SCENARIO | validate --stage rack --out DIR | figures``
+(docs/RACKY.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from harness.figures import Figure, Progress, no_progress
+from rackplane.core.registers import load_register_map
+from rackplane.core.samples import Sample, good
+from racky.config import RackyConfig
+from racky.core.controller import RackyCore, RackyInputs
+from racky.core.lifecycle import Lifecycle, PersistedState
+from racky.core.power import AgentCommand
+from racky.core.telemetry import AgentReading, LinkFrame, TelemetryIngest, TrayReading
+from racky.core.thermal import CoolingReading
+from racky.core.validation import ValidationResult, combine
+from racky.report import write_report
+from sims.scenario import (
+    FABRIC_KINDS,
+    FabricSpec,
+    FaultRecord,
+    LoadSpec,
+    PlantSpec,
+    Scenario,
+    ScenarioRun,
+    load_scenario,
+)
+
+__all__ = ["AlarmRecord", "RackyLockstepResult", "racky_scenario_figures", "run_racky",
+           "run_validation"]
+
+WALL0_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z: wall clock of plant time 0
+
+
+@dataclass(frozen=True, slots=True)
+class AlarmRecord:
+    """One alarm event of a run (plant s)."""
+
+    t_s: float
+    id: str
+    kind: str
+    severity: str
+    message: str
+
+
+@dataclass
+class RackyLockstepResult:
+    """A finished run: the 1 Hz trace, alarm events, commands, ground truth, the core."""
+
+    scenario: Scenario
+    trace: dict[str, list[Any]]
+    alarms: list[AlarmRecord]
+    commands: list[tuple[float, tuple[int, ...], dict[str, Any], str]]
+    ground_truth: list[FaultRecord]
+    core: RackyCore
+    fine: dict[str, list[float]] = field(default_factory=dict)
+    refused: list[tuple[float, tuple[int, ...], str]] = field(default_factory=list)
+
+    def raised(self, kind: str | None = None) -> list[AlarmRecord]:
+        """Raise events (of ``kind``, an id prefix, when given)."""
+        return [a for a in self.alarms if a.kind == "raised"
+                and (kind is None or a.id == kind or a.id.startswith(kind + "."))]
+
+    def first_alarm(self, kind: str, thing: str = "", after_s: float = -math.inf
+                    ) -> float | None:
+        """Plant time of the first raise of alarm ``kind`` on ``thing`` after ``after_s``."""
+        from racky.core.alarmbank import alarm_id
+
+        aid = alarm_id(kind, thing)
+        for a in self.alarms:
+            if a.kind == "raised" and a.id == aid and a.t_s >= after_s:
+                return a.t_s
+        return None
+
+
+# --- building racky's inputs from the simulator ---------------------------------------------------
+
+
+class _Feeder:
+    """Turns the virtual rack's state into racky's inputs each tick."""
+
+    def __init__(self, run: ScenarioRun, cfg: RackyConfig, via_payloads: bool) -> None:
+        rack = run.rack
+        assert rack is not None
+        self.run = run
+        self.rack = rack
+        self.cfg = cfg
+        self.via_payloads = via_payloads
+        self.regmap = load_register_map("power-shelf")
+        pts = cfg.shelf_points
+        used = {pts.output_power, pts.input_power, pts.available, pts.status,
+                pts.rack_capacity, pts.rack_redundant_feeds, pts.rack_spare_psus, pts.psus_ok}
+        for k in range(1, pts.psus_per_shelf + 1):
+            used |= {pts.psu_temp.format(n=k), pts.psu_status.format(n=k)}
+        self.points = [p for p in self.regmap.points if p.name in used]
+        self._pts = [(p.name, p.unit, p.scale or 1.0) for p in self.points]
+        self.counter_names = tuple(cfg.links.counters)
+        self.ingest = TelemetryIngest(cfg.node_agents.trays, cfg.node_agents.gpus_per_tray,
+                                      self.counter_names)
+        fab = rack.fabric
+        self.frame: LinkFrame | None = None
+        if fab is not None and not via_payloads:
+            names = fab.port_names()
+            ppg = len(names) // rack.compute.n_gpus
+            f = LinkFrame.empty(self.counter_names, rack.compute.n_gpus, ppg)
+            f.names = names
+            f.is_nvlink = np.asarray(fab.is_nvlink, dtype=bool).copy()
+            self.frame = f
+        self.port_gpu = None if fab is None else np.asarray(fab.port_gpu)
+
+    def shelves(self, now: float, wall_ns: int) -> dict[str, dict[str, Sample]]:
+        sh = self.rack.shelves
+        out: dict[str, dict[str, Sample]] = {}
+        for i in range(sh.params.shelves):
+            vals = sh.shelf_readings(i)
+            s: dict[str, Sample] = {}
+            for name, unit, scale in self._pts:
+                v = vals.get(name)
+                if v is None:
+                    continue
+                if math.isfinite(v):
+                    s[name] = Sample(name, round(v / scale) * scale, unit, wall_ns, now)
+                else:
+                    s[name] = good(name, v, unit, wall_ns, now)
+            out[f"shelf{i}"] = s
+        return out
+
+    def trays(self, now: float, wall_ns: int) -> tuple[dict[int, TrayReading], LinkFrame | None]:
+        rack = self.rack
+        if self.via_payloads:
+            from rackplane.settings import Identity
+            from sims.telemetry import tray_payloads
+
+            for _, payload in tray_payloads(rack, Identity(), wall_ns):
+                self.ingest.tray_payload(payload, now)
+            self.ingest.update_gpu_columns()
+            return dict(self.ingest.trays), self.ingest.frame
+        tr = rack.truth()
+        ag = rack.agents
+        comp = rack.compute
+        gpt = comp.gpus_per_tray
+        snap = rack.fabric.snapshot() if rack.fabric is not None else None
+        up = snap["uptime_s"] if snap is not None else np.full(comp.n_gpus, np.nan)
+        boot = snap["boot_id"] if snap is not None else np.zeros(comp.n_gpus, dtype=np.uint64)
+        out: dict[int, TrayReading] = {}
+        req = ag.request_w
+        dem = tr.gpu_demand_w
+        for k in range(comp.n_trays):
+            s = ag.settings(k)
+            cap = ag.enforced_gpu_cap_w(s)
+            g = slice(k * gpt, (k + 1) * gpt)
+            floor = min(cap, s.power_floor_pct / 100.0 * ag.tgp_w)
+            agent = AgentReading(
+                enforced_gpu_cap_w=cap, enforced_tray_cap_w=cap * gpt * (1.0 + ag.other_share),
+                floor_w=floor, power_cap_w=s.power_cap_w, gpu_power_cap_w=s.gpu_power_cap_w,
+                power_floor_pct=s.power_floor_pct, ramp_up_w_per_s=s.ramp_up_w_per_s,
+                ramp_down_w_per_s=s.ramp_down_w_per_s,
+                ramp_down_hysteresis_s=s.ramp_down_hysteresis_s,
+                capping=bool(s.powered and (dem[g] > cap + 1e-9).any()),
+                flooring=bool(s.powered and (dem[g] < floor - 1e-9).any()),
+                ramp_limited=False,
+            )
+            out[k] = TrayReading(
+                tray=k, t_mono=now, powered=bool(tr.tray_powered[k]),
+                power_w=float(tr.tray_power_w[k]),
+                coolant_out_temp_c=float(tr.tray_coolant_out_c[k]),
+                leak=bool(tr.leaks.tray_leak[k]),
+                leak_sensor_fault=bool(tr.leaks.tray_sensor_fault[k]), agent=agent,
+                gpu_index=np.arange(k * gpt, (k + 1) * gpt), gpu_power_w=tr.gpu_power_w[g],
+                gpu_demand_w=dem[g], gpu_temp_c=tr.gpu_tj_c[g], gpu_t_limit_c=tr.gpu_t_limit_c[g],
+                gpu_throttled=tr.gpu_throttled[g], gpu_shut_down=~tr.gpu_on[g],
+                gpu_traffic=tr.gpu_traffic[g], gpu_uptime_s=up[g], gpu_boot_id=boot[g],
+            )
+        del req
+        f = self.frame
+        if f is not None and snap is not None and self.port_gpu is not None:
+            pg = self.port_gpu
+            f.t_mono[:] = now
+            f.link_up = snap["link_up"]
+            f.speed_mb_per_s = snap["link_speed_mb_per_s"]
+            f.tx_bytes_per_s = snap["tx_bytes_per_s"]
+            f.rx_bytes_per_s = snap["rx_bytes_per_s"]
+            f.ber = snap["ber"]
+            for r, name in enumerate(self.counter_names):
+                if name in snap:
+                    f.counters[r] = snap[name]
+                    f.counter_seen[r] = True
+            f.uptime_s = up[pg]
+            f.boot_id = boot[pg]
+            f.gpu_traffic = tr.gpu_traffic.copy()
+            f.gpu_power_w = tr.gpu_power_w.copy()
+            f.version += 1
+        return out, f
+
+    def cooling(self, now: float) -> CoolingReading:
+        r = self.run.plant.readings()
+        return CoolingReading(
+            t_mono=now, supply_temp_c=r.get("supply_temp_c"),
+            setpoint_c=self.run.scenario.plant.supply_setpoint_c,
+            flow_lpm=r.get("flow_lpm"), facility_supply_temp_c=r.get("facility_supply_temp_c"),
+            valve_position_pct=r.get("valve_position_pct"),
+        )
+
+    def apply(self, cmd: AgentCommand) -> str | None:
+        """Apply a ``set_power_limits`` as the simulator's handler does; the refusal, if any."""
+        ag = self.rack.agents
+        changes = dict(cmd.args)
+        for key, off in (("power_floor_pct", 0.0), ("ramp_down_hysteresis_s", 0.0),
+                         ("powered", True)):
+            if key in changes and changes[key] is None:
+                changes[key] = off
+        try:
+            new = {t: replace(ag.settings(t), **changes) for t in cmd.trays}
+            for s in new.values():
+                ag.validate(s)
+        except (ValueError, TypeError) as err:
+            return str(err)
+        for t, s in new.items():
+            ag.configure(t, s)
+        return None
+
+
+def default_config(**power: Any) -> RackyConfig:
+    """racky's embedded defaults with ``[power]`` overrides (lock-step runs)."""
+    cfg = RackyConfig()
+    if power:
+        cfg = cfg.model_copy(update={"power": cfg.power.model_copy(update=power)})
+    return cfg
+
+
+def run_racky(
+    scenario: Scenario | str,
+    cfg: RackyConfig | None = None,
+    *,
+    plant_dt_s: float = 0.1,
+    duration_s: float | None = None,
+    via_payloads: bool = False,
+    fine_trace: bool = False,
+    persisted: PersistedState | None = None,
+    hook: Callable[[float, ScenarioRun, RackyCore], None] | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> RackyLockstepResult:
+    """Run ``scenario`` (the whole virtual rack, fabric on when the scenario has link faults or
+    asks for it) with racky's core at its tick (1 Hz by default).
+
+    Args:
+        cfg: racky's config (default: embedded defaults).
+        plant_dt_s: plant step, s (a divisor of the tick; <= 1).
+        duration_s: stop here (default: the scenario's duration).
+        via_payloads: feed trays through the JSON payloads and racky's parser.
+        fine_trace: also record rack power at every plant step (``fine``).
+        persisted: racky's persisted state at start (default: a new rack in the config's
+            ``lifecycle.initial_state``).
+        hook: called before each tick with (plant s, the run, the core) to inject actions.
+
+    Raises:
+        ValueError: a plant step that does not divide the tick.
+    """
+    sc = load_scenario(scenario) if isinstance(scenario, str) else scenario
+    cfg = cfg or RackyConfig()
+    tick = cfg.control.tick_s
+    n_sub = round(tick / plant_dt_s)
+    if n_sub < 1 or abs(n_sub * plant_dt_s - tick) > 1e-9:
+        raise ValueError(f"plant_dt_s {plant_dt_s} must divide the tick {tick}")
+    if not cfg.links.enabled and not any(f.kind in FABRIC_KINDS for f in sc.faults):
+        sc = sc.model_copy(update={"fabric": FabricSpec(enabled="off")})  # nothing reads it
+    run = ScenarioRun(sc, model="rack")
+    ps = persisted or PersistedState(Lifecycle(cfg.lifecycle.initial_state, WALL0_NS, "new",
+                                               "lockstep"))
+    core = RackyCore(cfg, 0.0, ps)
+    feed = _Feeder(run, cfg, via_payloads)
+    end = sc.duration_s if duration_s is None else duration_s
+    keys = ("t_s", "rack_power_w", "rack_input_w", "it_power_w", "limit_w", "limit_source",
+            "caps_total_w", "capacity_w", "hottest_tj_c", "min_t_limit_c", "throttled",
+            "supply_temp_c", "facility_supply_temp_c", "derate_w", "trays_powered")
+    trace: dict[str, list[Any]] = {k: [] for k in keys}
+    fine: dict[str, list[float]] = {"t_s": [], "rack_power_w": [], "rack_input_w": []}
+    alarms: list[AlarmRecord] = []
+    commands: list[tuple[float, tuple[int, ...], dict[str, Any], str]] = []
+    refused: list[tuple[float, tuple[int, ...], str]] = []
+    rack = run.rack
+    assert rack is not None
+    while True:
+        now = round(run.t_s, 6)
+        if now > end + 1e-9:
+            break
+        if hook is not None:
+            hook(now, run, core)
+        wall = WALL0_NS + round(now * 1e9)
+        trays, frame = feed.trays(now, wall)
+        inp = RackyInputs(feed.shelves(now, wall), trays, frame, feed.cooling(now))
+        out = core.step(now, inp, wall)
+        for c in out.commands:
+            err = feed.apply(c)
+            core.agent_reply(c.trays, err is None, err)
+            commands.append((now, c.trays, c.args, c.reason))
+            if err is not None:
+                refused.append((now, c.trays, err))
+        for ev in out.alarm_events:
+            alarms.append(AlarmRecord(now, ev.id, ev.kind, ev.severity, ev.message))
+        tr = rack.truth()
+        st = rack.shelves.state
+        caps = out.caps_w
+        trace["t_s"].append(now)
+        trace["rack_power_w"].append(out.rack_power_w)
+        trace["rack_input_w"].append(st.input_w)
+        trace["it_power_w"].append(tr.it_power_w)
+        trace["limit_w"].append(out.limit.limit_w)
+        trace["limit_source"].append(out.limit.source)
+        trace["caps_total_w"].append(None if np.isnan(caps).all() else float(np.nansum(caps)))
+        trace["capacity_w"].append(st.capacity_w)
+        trace["hottest_tj_c"].append(float(tr.gpu_tj_c.max()))
+        trace["min_t_limit_c"].append(float(tr.gpu_t_limit_c.min()))
+        trace["throttled"].append(int(tr.gpu_throttled.sum()))
+        cool = inp.cooling
+        trace["supply_temp_c"].append(None if cool is None else cool.supply_temp_c)
+        trace["facility_supply_temp_c"].append(run.facility_supply_temp_c)
+        trace["derate_w"].append(core.derate.cap_w)
+        trace["trays_powered"].append(int(tr.tray_powered.sum()))
+        if progress is not None:
+            progress(now)
+        if now >= end - 1e-9:
+            break
+        for _ in range(n_sub):
+            run.step(plant_dt_s)
+            if fine_trace:
+                fine["t_s"].append(round(run.t_s, 6))
+                fine["rack_power_w"].append(rack.shelves.state.load_w)
+                fine["rack_input_w"].append(rack.shelves.flows.input_w)
+    return RackyLockstepResult(sc, trace, alarms, commands, list(run.ground_truth), core, fine,
+                               refused)
+
+
+# --- validation on the simulator -----------------------------------------------------------------
+
+
+def burn_in_scenario(load_s: float, backend_s: float, *, warm_s: float = 60.0,
+                     fraction: float = 0.9, traffic: float = 0.5, seed: int = 21,
+                     rack_max_power_w: float = 132_000.0) -> Scenario:
+    """A burn-in: idle warm-up, then every GPU at ``fraction`` of TDP with link traffic
+    ``traffic`` (BurnInWorkload) for the load and backend phases."""
+    return Scenario(
+        name="burn-in", description="validation burn-in", reference="issue 5 validation",
+        duration_s=warm_s + load_s + backend_s + 5.0, seed=seed,
+        plant=PlantSpec(rack_max_power_w=rack_max_power_w, model="rack"),
+        load=LoadSpec(kind="burn_in", fraction=fraction, traffic=traffic),
+        fabric=FabricSpec(enabled="on"),
+    )
+
+
+def run_validation(
+    stage: Literal["node", "rack", "multi-rack"] = "rack",
+    cfg: RackyConfig | None = None,
+    *,
+    trays: Sequence[int] | None = None,
+    racks: int = 2,
+    load_s: float = 120.0,
+    backend_s: float = 60.0,
+    warm_s: float = 60.0,
+    out_dir: Path | None = None,
+    plant_dt_s: float = 0.1,
+    fault: Callable[[float, ScenarioRun, RackyCore], None] | None = None,
+) -> tuple[ValidationResult, list[RackyLockstepResult], Path | None]:
+    """Run a validation stage on the simulator in lock-step and judge it (racky's criteria).
+
+    The burn-in phases are applied to the simulator here: ``load`` (burn-in power and
+    traffic) and ``backend`` (every NVLink port silenced, every GPU's traffic forced to full:
+    the collective goes over the NICs). The node stage tests ``trays``; the multi-rack stage
+    runs ``racks`` racks through the same window and judges them together. ``fault`` is a hook
+    (e.g. a fouled cold plate) to check that a bad rack fails. The lifecycle of each rack's
+    core moves on the result (production / quarantined); with ``out_dir`` a Markdown report
+    with PNG plots is written.
+
+    Returns:
+        (the verdict, the runs, the report path or None).
+    """
+    cfg = cfg or RackyConfig()
+    n = racks if stage == "multi-rack" else 1
+    results: list[ValidationResult] = []
+    runs: list[RackyLockstepResult] = []
+    for i in range(n):
+        sc = burn_in_scenario(load_s, backend_s, warm_s=warm_s, seed=21 + i)
+        ident = cfg.identity.model_copy(update={"rack": f"{cfg.identity.rack}" if n == 1
+                                                else f"rack{i + 1}"})
+        rcfg = cfg.model_copy(update={"identity": ident})
+
+        def hook(now: float, run: ScenarioRun, core: RackyCore, _i: int = i) -> None:
+            if fault is not None and _i == 0:
+                fault(now, run, core)
+            if abs(now - warm_s) < 1e-6:
+                core.start_validation(stage, now, WALL0_NS + round(now * 1e9), "lockstep",
+                                      trays=trays, load_s=load_s, backend_s=backend_s)
+            if abs(now - (warm_s + load_s)) < 1e-6 and backend_s > 0:
+                fab = run.rack.fabric if run.rack is not None else None
+                if fab is not None:
+                    names = fab.port_names()
+                    for p, nm in enumerate(names):
+                        if "/nvl" in nm:
+                            fab.silence(p, backend_s + 2.0)
+                    for g in range(fab.gpus):
+                        fab.burst(g, backend_s + 2.0, 1.0)
+
+        r = run_racky(sc, rcfg, plant_dt_s=plant_dt_s, hook=hook)
+        runs.append(r)
+        res = r.core.last_result
+        if res is None:
+            raise RuntimeError("the validation did not finish within the burn-in scenario")
+        results.append(res)
+    verdict = results[0] if n == 1 else combine(results)
+    path = None
+    if out_dir is not None:
+        path = write_report(results if n > 1 else [verdict], out_dir,
+                            title=f"racky validation: {stage} stage (lock-step simulator)")
+    return verdict, runs, path
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+
+def _summary(r: RackyLockstepResult) -> str:
+    lines = [f"scenario {r.scenario.name}: {len(r.trace['t_s'])} ticks, "
+             f"{len(r.commands)} agent commands, {len(r.raised())} alarms raised"]
+    for a in r.raised():
+        lines.append(f"  t={a.t_s:8.1f} s  {a.severity:8s} {a.id}: {a.message}")
+    for f in r.ground_truth:
+        lines.append(f"  fault {f.kind} {f.target} {f.start_s}..{f.end_s}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m harness.lockstep_racky run SCENARIO [--duration S] [--plant-dt S]`` |
+    ``validate --stage node|rack|multi-rack --out DIR [--trays 0,1] [--load-s S]
+    [--backend-s S] [--racks N]``."""
+    ap = argparse.ArgumentParser(prog="python -m harness.lockstep_racky")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a scenario with racky's core in lock-step")
+    r.add_argument("scenario")
+    r.add_argument("--duration", type=float, default=None)
+    r.add_argument("--plant-dt", type=float, default=0.1)
+    r.add_argument("--budget-w", type=float, default=None)
+    v = sub.add_parser("validate", help="validation stage on the simulator, with a report")
+    v.add_argument("--stage", choices=("node", "rack", "multi-rack"), default="rack")
+    v.add_argument("--out", type=Path, required=True)
+    v.add_argument("--trays", default=None, help="node stage: trays, e.g. 0,1")
+    v.add_argument("--racks", type=int, default=2)
+    v.add_argument("--load-s", type=float, default=120.0)
+    v.add_argument("--backend-s", type=float, default=60.0)
+    ns = ap.parse_args(argv)
+    if ns.cmd == "run":
+        cfg = default_config(budget_w=ns.budget_w) if ns.budget_w else None
+        res = run_racky(ns.scenario, cfg, plant_dt_s=ns.plant_dt, duration_s=ns.duration)
+        print(_summary(res))
+        return 0
+    trays = [int(x) for x in ns.trays.split(",")] if ns.trays else None
+    verdict, _, path = run_validation(ns.stage, trays=trays, racks=ns.racks, load_s=ns.load_s,
+                                      backend_s=ns.backend_s, out_dir=ns.out)
+    print(f"{verdict.stage}: {'PASS' if verdict.passed else 'FAIL'}; report {path}")
+    for c in verdict.criteria:
+        print(f"  {'pass' if c.passed else 'FAIL'}  {c.name}: {c.measured} ({c.limit})")
+    return 0 if verdict.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+# --- the scenario figures of issue 5 --------------------------------------------------------------
+
+#: fault kind (sims.scenario) -> the racky alarm kinds that detect it
+FAULT_ALARMS: dict[str, tuple[str, ...]] = {
+    "link_flap": ("link_flapping",),
+    "link_down": ("port_dropped", "link_flapping"),
+    "link_error_ramp": ("link_error_rate", "link_errors", "link_ber"),
+    "link_ber": ("link_ber", "link_error_rate"),
+    "psu_failure": ("psu_failed",),
+    "shelf_loss": ("shelf_ac_lost", "shelf_offline"),
+    "feed_loss": ("feed_redundancy_lost",),
+    "psu_derate": ("psu_derated",),
+    "fouled_cold_plate": ("tray_overheat", "gpu_slowdown"),
+    "facility_water_rise": ("power_capped",),
+}
+
+#: budget and grid-side ramp of the S2 / training-swings figures (below the 132 kW peak)
+S2_BUDGET_W = 120_000.0
+S2_RAMP_W_PER_S = 20_000.0
+
+
+def _fig(name: str, value: float | None, unit: str, target: float | None = None,
+         comparison: Any = "info", detail: str = "", **extra: Any) -> Figure:
+    v = None if value is None or not math.isfinite(value) else float(value)
+    return Figure(f"racky.{name}", v, unit, target, comparison, detail=detail, extra=extra)
+
+
+def _matches(target: str, thing: str) -> bool:
+    """Whether an alarm's thing belongs to a fault's target: a port must match exactly
+    (``gpu07/nic1`` ↔ ``gpu07-nic1``); a PSU or shelf fault is matched by its shelf (PSU
+    numbering differs between the simulator and the alarms) or a rack-wide alarm; other
+    targets (a tray, the facility water) by any thing."""
+    if "/" in target:
+        return thing == target.replace("/", "-")
+    if target.startswith("shelf"):
+        return thing == "" or thing.startswith(target.split(".")[0])
+    return True
+
+
+def fault_coverage(runs: Sequence[RackyLockstepResult], cfg: RackyConfig | None = None,
+                   grace_s: float = 60.0, skip: Sequence[tuple[str, str]] = ()
+                   ) -> tuple[int, int, list[str]]:
+    """Injected faults detected over ``runs``: (detected, expected, misses).
+
+    A fault counts as detected when an alarm of one of `FAULT_ALARMS`' kinds on its target
+    (`_matches`) is raised between its start and its end (the run's end when open) +
+    ``grace_s``. A single link flap (fewer flaps than the flap rule's count) is expected to
+    raise nothing (S7: "one flap a day → no alarm") and is not counted; nor are faults starting
+    after a shortened run's end, nor ``skip``'s (scenario, target) pairs (each figure that
+    skips one says where that fault is scored). Unknown fault kinds count as missed.
+    """
+    cfg = cfg or RackyConfig()
+    det = exp = 0
+    misses: list[str] = []
+    skipped = set(skip)
+    for r in runs:
+        end_run = r.trace["t_s"][-1] if r.trace["t_s"] else 0.0
+        for f in r.ground_truth:
+            if f.start_s > end_run or (r.scenario.name, f.target) in skipped:
+                continue
+            if f.kind == "link_flap":
+                spec = next((x for x in r.scenario.faults if x.kind == "link_flap"
+                             and x.port == f.target and abs(x.at_s - f.start_s) < 1e-6), None)
+                if spec is not None and (spec.count or 1) < cfg.links.flap_count:
+                    continue
+            exp += 1
+            kinds = FAULT_ALARMS.get(f.kind, ())
+            stop = (end_run if f.end_s is None else f.end_s) + grace_s
+            if any(a.id.split(".")[0] in kinds and f.start_s <= a.t_s <= stop
+                   and _matches(f.target, a.id.partition(".")[2]) for a in r.raised()):
+                det += 1
+            else:
+                misses.append(f"{r.scenario.name}:{f.kind}:{f.target}")
+    return det, exp, misses
+
+
+def s7_figures(plant_dt_s: float = 1.0, duration_s: float | None = None,
+               scenario: Scenario | str = "flapping-link"
+               ) -> tuple[list[Figure], RackyLockstepResult]:
+    """S7 (flapping-link): flapping declared after the 3rd down, none for the single flap,
+    "port dropped" at 4 min, one alert per incident (``duration_s``: stop early; the port
+    drop needs the run past its down time + 4 min; ``scenario``: the S7 scenario or a variant
+    with the same faults, e.g. moved closer together for a shorter test)."""
+    r = run_racky(scenario, plant_dt_s=plant_dt_s, duration_s=duration_s)
+    sc = r.scenario
+    flap = next(f for f in sc.faults if f.kind == "link_flap" and (f.count or 1) >= 3)
+    once = next(f for f in sc.faults if f.kind == "link_flap" and (f.count or 1) == 1)
+    down = next(f for f in sc.faults if f.kind == "link_down")
+    assert isinstance(flap.port, str) and isinstance(once.port, str)
+    assert isinstance(down.port, str)
+    third = flap.at_s + 2 * ((flap.down_s or 0.0) + (flap.up_s or 0.0))
+    t_flap = r.first_alarm("link_flapping", flap.port)
+    crit_once = [a for a in r.raised() if a.severity == "critical"
+                 and a.id.endswith("." + once.port.replace("/", "-"))]
+    t_drop = r.first_alarm("port_dropped", down.port)
+    n_alerts = len([a for a in r.raised("link_flapping")
+                    if a.id.endswith("." + flap.port.replace("/", "-"))])
+    d = f"flapping-link lock-step, plant dt {plant_dt_s} s, racky tick 1 s"
+    return [
+        _fig("S7.flap_declared_after_3rd_down_s", None if t_flap is None else t_flap - third,
+             "s", 1.0, "<=", f"{d}; 3rd down at {third:.0f} s (NVSentinel rule: 3 in 10 min)"),
+        _fig("S7.single_flap_fatal_alarms", float(len(crit_once)), "alarms", 0.0, "==",
+             f"{d}; {once.port} flaps once"),
+        _fig("S7.port_dropped_after_s", None if t_drop is None else t_drop - down.at_s, "s",
+             241.0, "<=", f"{d}; {down.port} down {down.down_s:.0f} s; target 4 min (+1 tick)"),
+        _fig("S7.flap_alerts_per_incident", float(n_alerts), "alerts", 1.0, "==", d),
+    ], r
+
+
+def br13_figures() -> list[Figure]:
+    """FIELD-CASES BR-13 through the window rule with BR-13's parameters (4 transitions in
+    60 s, quiet 300 s, 10 s polls): (a) from polled state: the raise time and the count of
+    alerts; (b) from a carrier_changes delta (14 → 20) with both polls reading up."""
+    from rackplane.core.detect import CounterDeltas, WindowCountRule
+
+    rule = WindowCountRule(1, 4, 60.0, 300.0)
+    raises: list[float] = []
+    was = False
+    prev: bool | None = None
+    for i in range(13 + 60):
+        t = i * 10.0
+        up = (i % 2 == 0) if i < 13 else True
+        tr = 0 if prev is None else int(up != prev)
+        prev = up
+        now = bool(rule.update(t, [tr])[0])
+        if now and not was:
+            raises.append(t)
+        was = now
+    carrier = CounterDeltas(1, bits=32, max_rate_per_s=1000.0)
+    rule_b = WindowCountRule(1, 4, 60.0, 300.0)
+    carrier.update(np.array([14], dtype=np.uint64), 0.0, uptime_s=[5000.0])
+    rule_b.update(0.0, [0])
+    s = carrier.update(np.array([20], dtype=np.uint64), 10.0, uptime_s=[5010.0])
+    raised_b = bool(rule_b.update(10.0, [max(float(s.delta[0]), 0.0)])[0])
+    d = "FIELD-CASES BR-13: 4 transitions in 60 s, quiet 300 s, polls every 10 s"
+    return [
+        _fig("BR13.polled_flap_raised_at_s", raises[0] if raises else None, "s", 40.0, "==",
+             d + "; up/down alternating from t=0"),
+        _fig("BR13.polled_flap_alerts", float(len(raises)), "alerts", 1.0, "==", d),
+        _fig("BR13.carrier_delta_flap_raised", float(raised_b), "bool", 1.0, "==",
+             d + "; carrier_changes 14 → 20, both polls up"),
+    ]
+
+
+def _harness_delays(profile: Any, n_links: int, n_minutes: int, factory: Any, seed: int
+                    ) -> Any:
+    from sims.link_harness import detection_delays_min, run
+
+    res = run(profile, n_links, n_minutes, factory, seed=seed)
+    return detection_delays_min(res.first_alarm_min, 0.0)
+
+
+def _q(x: Any, q: float) -> float | None:
+    a = np.asarray(x, dtype=float)
+    if a.size == 0 or np.isnan(a).any():
+        return None  # a link never detected: no figure
+    return float(np.quantile(a, q))
+
+
+def s8_harness_figures(creep_links: int = 300, healthy_links: int = 100_000,
+                       healthy_days: int = 1, seed: int = 5,
+                       cfg: RackyConfig | None = None,
+                       progress: Progress = no_progress,
+                       days_target: bool = True) -> list[Figure]:
+    """S8 on the link-only harness with racky's own detector classes and parameters
+    (``[links]``: λ0, λ1, h; 1-minute bins): the 24 h creep 0.5 → 5/min and the 2 h fast ramp
+    0.5 → 10/min (median / p90 over ``creep_links`` links, each its own seed), the static
+    rules on the same counts (60-min window > 120; rate over 5 min > 2/min for 5 min), and the
+    false alarms over ``healthy_links × healthy_days`` healthy link-days (``days_target``:
+    the link-days figure is held to the issue's >= 100,000; off for shortened runs)."""
+    from rackplane.core.detect import PoissonCusum, RateFor, WindowSum
+    from sims.link_harness import RateProfile, run
+
+    lk = (cfg or RackyConfig()).links
+    bin_min = lk.bin_s / 60.0
+    if abs(bin_min - 1.0) > 1e-9:
+        raise ValueError("the harness works in 1-minute bins: links.bin_s must be 60")
+
+    def cusum(n: int) -> Any:
+        return PoissonCusum(n, lk.healthy_rate_per_min, lk.cusum_lambda1_per_min, lk.cusum_h,
+                            watch_h=lk.cusum_watch_h)
+
+    def window(n: int) -> Any:
+        return WindowSum(n, 60, 120.0)
+
+    def prom(n: int) -> Any:
+        return RateFor(n, 5, 2.0, 5)
+
+    slow = RateProfile.ramp(0.5, 5.0, start_min=0, duration_min=1440)
+    fast = RateProfile.ramp(0.5, 10.0, start_min=0, duration_min=120)
+    out: list[Figure] = []
+    d = (f"link harness, {creep_links} links (seed {seed}), 1-min Poisson bins, CUSUM "
+         f"λ0={lk.healthy_rate_per_min} λ1={lk.cusum_lambda1_per_min} h={lk.cusum_h}")
+    progress("S8 creep", 0.0)
+    c24 = _harness_delays(slow, creep_links, 1800, cusum, seed) / 60.0
+    w24 = _harness_delays(slow, creep_links, 1800, window, seed) / 60.0
+    p24 = _harness_delays(slow, creep_links, 1800, prom, seed) / 60.0
+    out += [
+        _fig("S8.creep_24h_detect_h", _q(c24, 0.5), "h", 4.5, "<=", d + "; median"),
+        _fig("S8.creep_24h_detect_p90_h", _q(c24, 0.9), "h", 5.0, "<=", d + "; p90"),
+        _fig("S8.creep_24h_static_window_h", _q(w24, 0.5), "h", detail=d +
+             "; static rule: 60-min window > 120 errors, median"),
+        _fig("S8.creep_24h_static_rate5m_h", _q(p24, 0.5), "h", detail=d +
+             "; static rule: rate over 5 min > 2/min for 5 min, median"),
+    ]
+    progress("S8 fast", 0.2)
+    c2 = _harness_delays(fast, creep_links, 240, cusum, seed + 1)
+    w2 = _harness_delays(fast, creep_links, 240, window, seed + 1)
+    p2 = _harness_delays(fast, creep_links, 240, prom, seed + 1)
+    out += [
+        _fig("S8.fast_2h_detect_min", _q(c2, 0.5), "min", 30.0, "<=", d + "; median"),
+        _fig("S8.fast_2h_detect_p90_min", _q(c2, 0.9), "min", detail=d + "; p90"),
+        _fig("S8.fast_2h_static_window_min", _q(w2, 0.5), "min", detail=d +
+             "; static 60-min window > 120, median"),
+        _fig("S8.fast_2h_static_rate5m_min", _q(p2, 0.5), "min", detail=d +
+             "; static rate over 5 min > 2/min for 5 min, median"),
+    ]
+    progress("S8 healthy", 0.4)
+    res = run(RateProfile.healthy(lk.healthy_rate_per_min), healthy_links,
+              1440 * healthy_days, cusum, seed=seed + 2)
+    days = res.link_days
+    out.append(_fig("S8.healthy_false_alarms", float(res.total_alarms), "alarms", 3.0, "<=",
+                    f"link harness, {days:,.0f} healthy link-days at λ0 = "
+                    f"{lk.healthy_rate_per_min}/min, racky's CUSUM", link_days=days))
+    out.append(_fig("S8.healthy_link_days", days, "link-days",
+                    100_000.0 if days_target else None, ">=" if days_target else "info",
+                    "healthy link-days simulated for the false-alarm count"))
+    progress("S8", 1.0)
+    return out
+
+
+def s8_lockstep_figures(duration_s: float = 7200.0, plant_dt_s: float = 1.0
+                        ) -> tuple[list[Figure], RackyLockstepResult]:
+    """The rising-crc scenario through racky's whole link pipeline (counter deltas, bins,
+    CUSUM) in lock-step: the fast ramp's detection, with the shadow static rules."""
+    r = run_racky("rising-crc", plant_dt_s=plant_dt_s, duration_s=duration_s)
+    fast = next(f for f in r.scenario.faults if f.kind == "link_error_ramp"
+                and f.ramp_s <= 7200.0)
+    assert isinstance(fast.port, str)
+    lh = r.core.links
+    t_alarm = r.first_alarm("link_error_rate", fast.port)
+    figs = [_fig("S8.fast_lockstep_detect_min",
+                 None if t_alarm is None else (t_alarm - fast.at_s) / 60.0, "min", 30.0, "<=",
+                 f"rising-crc lock-step ({duration_s / 3600:.1f} h), {fast.port} "
+                 f"{fast.counter} ramp 0.5 → 10/min over 2 h")]
+    if lh is not None:
+        p = lh.names.index(fast.port)
+        for k, name in (("window_60min_gt_120", "fast_lockstep_static_window_min"),
+                        ("rate_5m_gt_2pm_for_5m", "fast_lockstep_static_rate5m_min")):
+            v = float(lh.first_raise[k][p])
+            figs.append(_fig(f"S8.{name}", (v - fast.at_s) / 60.0 if math.isfinite(v) else None,
+                             "min", detail=f"shadow static rule {k} on the same bins"))
+    return figs, r
+
+
+def s9_figures(plant_dt_s: float = 0.1, duration_s: float | None = None,
+               scenario: Scenario | str = "facility-water-rise",
+               ) -> tuple[list[Figure], RackyLockstepResult]:
+    """S9 (facility-water-rise): derate along P_max(T_fws), supply within SP + 1 K, no GPU
+    throttling, release after the water cools.
+
+    Args:
+        plant_dt_s: plant step, s; duration_s: stop here (default: the scenario's 3,600 s).
+        scenario: the scenario (a shortened copy lets a test see the release).
+
+    Returns:
+        (figures ``racky.S9.*``, the run). ``derate_released_after_s`` is None when the run
+        ends before the derate is released (or the fault never ends).
+    """
+    r = run_racky(scenario, plant_dt_s=plant_dt_s, duration_s=duration_s)
+    tr = r.trace
+    sp = r.scenario.plant.supply_setpoint_c
+    sup = [x for x in tr["supply_temp_c"] if x is not None]
+    derate = r.core.derate
+    excess = [p - derate.p_max(tf) for p, tf in zip(tr["rack_power_w"],
+                                                     tr["facility_supply_temp_c"], strict=True)
+              if p is not None and tf is not None]
+    first = next((t for t, w in zip(tr["t_s"], tr["derate_w"], strict=True) if w is not None),
+                 None)
+    f = next(x for x in r.ground_truth if x.kind == "facility_water_rise")
+    rel = None
+    if f.end_s is not None:
+        rel = next((t for t, w in zip(tr["t_s"], tr["derate_w"], strict=True)
+                    if t > f.end_s and w is None), None)
+    d = f"facility-water-rise lock-step (plant dt {plant_dt_s} s)"
+    return [
+        _fig("S9.supply_over_setpoint_max_k", max(sup) - sp if sup else None, "K", 1.0, "<=", d),
+        _fig("S9.gpus_throttled_max", float(max(tr["throttled"])), "GPUs", 0.0, "==", d),
+        _fig("S9.power_above_pmax_max_w", max(excess) if excess else None, "W", detail=d +
+             "; rack power − P_max(T_fws) (positive: above the derate line)"),
+        _fig("S9.derate_engaged_at_s", first, "s", detail=d + f"; water rise from {f.start_s} s"),
+        _fig("S9.derate_released_after_s", None if rel is None or f.end_s is None
+             else rel - f.end_s, "s", detail=d + "; after the water is back (hysteresis)"),
+    ], r
+
+
+def s10_figures(plant_dt_s: float = 0.1) -> tuple[list[Figure], list[RackyLockstepResult]]:
+    """S10 (psu-failure, psu-failure-n1): alarm latency per fault and the capacity cap's
+    latency once redundancy is gone."""
+    runs = [run_racky("psu-failure", plant_dt_s=plant_dt_s),
+            run_racky("psu-failure-n1", plant_dt_s=plant_dt_s)]
+    lat: list[float] = []
+    cap_lat: list[float] = []
+    missing = 0
+    for r in runs:
+        for f in r.ground_truth:
+            kinds = FAULT_ALARMS.get(f.kind, ())
+            t = next((a.t_s for a in r.raised() if a.id.split(".")[0] in kinds
+                      and a.t_s >= f.start_s), None)
+            if t is None:
+                missing += 1
+            else:
+                lat.append(t - f.start_s)
+        tr = r.trace
+        tc = next((t for t, s in zip(tr["t_s"], tr["limit_source"], strict=True)
+                   if s == "capacity"), None)
+        if tc is not None:
+            start = max(f.start_s for f in r.ground_truth if f.start_s <= tc)
+            cap_lat.append(tc - start)
+    d = "psu-failure and psu-failure-n1 lock-step; racky tick 1 s"
+    return [
+        _fig("S10.alarm_latency_max_s", max(lat) if lat and not missing else None, "s", 1.0,
+             "<=", d + f"; {len(lat)} faults"),
+        _fig("S10.cap_latency_max_s", max(cap_lat) if cap_lat else None, "s", 1.0, "<=",
+             d + "; fault that left the load above live capacity → cap to capacity"),
+    ], runs
+
+
+def s2_figures(scenarios: Sequence[str] = ("training-swings", "agentic-bursts"),
+               duration_s: float | None = None, budget_w: float = S2_BUDGET_W,
+               ramp_w_per_s: float = S2_RAMP_W_PER_S
+               ) -> tuple[list[Figure], list[RackyLockstepResult]]:
+    """S2 / training swings under a budget and a grid-side ramp limit: the worst overshoot
+    above the budget (0.1 s rack power), the longest excursion above it, and the largest AC
+    input ramp over 1 s against the configured W/s."""
+    cfg = default_config(budget_w=budget_w, rack_ramp_w_per_s=ramp_w_per_s)
+    figs: list[Figure] = []
+    runs: list[RackyLockstepResult] = []
+    for name in scenarios:
+        r = run_racky(name, cfg, fine_trace=True, duration_s=duration_s)
+        runs.append(r)
+        p = np.asarray(r.fine["rack_power_w"], dtype=float)
+        pin = np.asarray(r.fine["rack_input_w"], dtype=float)
+        over = p > budget_w
+        longest = run_len = 0
+        for o in over:
+            run_len = run_len + 1 if o else 0
+            longest = max(longest, run_len)
+        step = 10  # 0.1 s plant steps: 1 s
+        ramp = float(np.max(np.abs(pin[step:] - pin[:-step]))) if pin.size > step else None
+        key = "training" if name.startswith("training") else "agentic"
+        d = (f"{name} lock-step ({r.trace['t_s'][-1]:.0f} s), budget {budget_w / 1e3:.0f} kW, "
+             f"ramp limit {ramp_w_per_s / 1e3:.0f} kW/s")
+        figs += [
+            _fig(f"S2.{key}_over_budget_max_pct", (p.max() - budget_w) / budget_w * 100.0, "%",
+                 2.0, "<=", d + "; shelf DC output at 0.1 s"),
+            _fig(f"S2.{key}_back_under_s", longest * 0.1, "s", 5.0, "<=",
+                 d + "; longest excursion above the budget"),
+            _fig(f"S2.{key}_grid_ramp_max_w_per_s", ramp, "W/s", ramp_w_per_s, "<=",
+                 d + "; AC input change over 1 s"),
+        ]
+    return figs, runs
+
+
+def fouling_hook(tray: int = 5, start_s: float = 120.0, ramp_s: float = 600.0,
+                 final: float = 0.45) -> Callable[[float, ScenarioRun, RackyCore], None]:
+    """A cold plate fouling progressively (conductance 1 → ``final`` over ``ramp_s``)."""
+
+    def hook(now: float, run: ScenarioRun, _core: RackyCore) -> None:
+        if now >= start_s:
+            f = max(final, 1.0 - (1.0 - final) * (now - start_s) / ramp_s)
+            for rack in run.plant.racks:
+                rack.set_conductance_factor(tray, f)
+
+    return hook
+
+
+def overheat_figures(ramp_s: float = 600.0, plant_dt_s: float = 0.1
+                     ) -> tuple[list[Figure], list[RackyLockstepResult]]:
+    """Overheating tray: tray 5's cold plates foul progressively (1 → 0.45 over ``ramp_s``) at
+    132 kW. Without racky's protection the GPUs reach HW slowdown; the lead is from racky's
+    first warning on that tray to the slowdown. With protection: GPUs throttled."""
+    base = load_scenario("overheating-tray").model_copy(update={"faults": []})
+    end = 120.0 + ramp_s + 200.0
+    cfg = RackyConfig()
+    off = cfg.model_copy(update={"thermal": cfg.thermal.model_copy(update={"protect": False})})
+    r_off = run_racky(base, off, hook=fouling_hook(ramp_s=ramp_s), duration_s=end,
+                      plant_dt_s=plant_dt_s)
+    r_on = run_racky(base, cfg, hook=fouling_hook(ramp_s=ramp_s), duration_s=end,
+                     plant_dt_s=plant_dt_s)
+    warn = r_off.first_alarm("tray_overheat", "tray05")
+    slow = next((t for t, n in zip(r_off.trace["t_s"], r_off.trace["throttled"], strict=True)
+                 if n > 0), None)
+    d = (f"overheating-tray with the plate fouling over {ramp_s:.0f} s at 132 kW (plant dt "
+         f"{plant_dt_s} s)")
+    return [
+        _fig("overheat.warn_lead_s", None if warn is None or slow is None else slow - warn, "s",
+             30.0, ">=", d + "; first tray_overheat warning → first HW slowdown (protection "
+             "off)"),
+        _fig("overheat.throttled_with_protection", float(max(r_on.trace["throttled"])), "GPUs",
+             0.0, "==", d + "; racky caps the tray (cause: tray, cooling normal)"),
+    ], [r_off, r_on]
+
+
+def _plots(out: Path, s2: Sequence[RackyLockstepResult], cfg: RackyConfig, seed: int) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is a test extra
+        return
+    from rackplane.core.detect import PoissonCusum, RateFor, WindowSum
+    from sims.link_harness import RateProfile, iter_counts
+
+    out.mkdir(parents=True, exist_ok=True)
+    for r in s2:
+        fig, ax = plt.subplots(figsize=(9, 3.2))
+        t = np.asarray(r.fine["t_s"])
+        m = t <= min(t[-1], 120.0)
+        ax.plot(t[m], np.asarray(r.fine["rack_power_w"])[m] / 1e3, label="rack power (DC)")
+        ax.plot(t[m], np.asarray(r.fine["rack_input_w"])[m] / 1e3, lw=0.8,
+                label="AC input (grid side)")
+        ax.axhline(S2_BUDGET_W / 1e3, color="r", ls="--", label="budget")
+        ax.set_xlabel("s")
+        ax.set_ylabel("kW")
+        ax.set_title(f"{r.scenario.name}: rack power vs budget (first 120 s)")
+        ax.legend(loc="lower right", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / f"racky-{r.scenario.name}-power.png", dpi=100)
+        plt.close(fig)
+    lk = cfg.links
+    prof = RateProfile.ramp(0.5, 5.0, start_min=0, duration_min=1440)
+    counts = next(iter(iter_counts(prof, 1, 1800, seed=seed))).counts[0]
+    marks = {}
+    for name, det in (("CUSUM", PoissonCusum(1, lk.healthy_rate_per_min,
+                                             lk.cusum_lambda1_per_min, lk.cusum_h)),
+                      ("60-min window > 120", WindowSum(1, 60, 120.0)),
+                      ("rate[5m] > 2/min for 5m", RateFor(1, 5, 2.0, 5))):
+        ev = det(counts.reshape(1, -1), 0)
+        if ev is not None and ev.any():
+            marks[name] = (int(np.argmax(ev[0])) + 1) / 60.0
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    h = np.arange(counts.size) / 60.0
+    k = np.convolve(counts, np.ones(10) / 10, mode="same")
+    ax.plot(h, k, lw=0.8, label="errors/min (10-min mean)")
+    ax.plot(h, prof.rate_per_min(np.arange(counts.size)), "k--", lw=0.8, label="true rate")
+    for (name, th), c in zip(marks.items(), ("g", "r", "m"), strict=False):
+        ax.axvline(th, color=c, label=f"{name}: {th:.1f} h")
+    ax.set_xlabel("h")
+    ax.set_ylabel("errors/min")
+    ax.set_title("S8 creep 0.5 → 5/min over 24 h: one link, detection marks")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "racky-S8-crc-rate.png", dpi=100)
+    plt.close(fig)
+
+
+def racky_scenario_figures(out: Path | None = None, progress: Progress = no_progress,
+                           quick: bool = False) -> list[Figure]:
+    """Every figure of issue 5's table, computed from lock-step runs and the link harness.
+
+    ``quick`` shortens the runs (smoke tests: fewer links, 2,000 healthy link-days, shorter
+    traces; the full-size figures need ``quick=False``, a few minutes on 2 cores). With
+    ``out``, PNG plots (rack power vs budget, CRC rate with detection marks) are written there.
+    """
+    cfg = RackyConfig()
+    figs: list[Figure] = []
+    runs: list[RackyLockstepResult] = []
+    steps = 8
+
+    def done(i: int, label: str) -> None:
+        progress(f"racky: {label}", i / steps)
+
+    done(0, "S7")
+    f7, r7 = s7_figures()
+    figs += f7
+    runs.append(r7)
+    figs += br13_figures()
+    done(1, "S8 harness")
+    figs += s8_harness_figures(creep_links=40 if quick else 300,
+                               healthy_links=2_000 if quick else 100_000, cfg=cfg,
+                               days_target=not quick)
+    done(2, "S8 lock-step")
+    f8, r8 = s8_lockstep_figures(duration_s=2400.0 if quick else 3600.0)
+    figs += f8
+    runs.append(r8)
+    done(3, "S9")
+    f9, r9 = s9_figures(plant_dt_s=0.5)
+    figs += f9
+    runs.append(r9)
+    done(4, "S10")
+    f10, r10 = s10_figures()
+    figs += f10
+    runs += r10
+    done(5, "S2")
+    f2, r2 = s2_figures(duration_s=300.0 if quick else None)
+    figs += f2
+    done(6, "overheating tray")
+    fo, _ = overheat_figures()
+    figs += fo
+    runs.append(run_racky("overheating-tray", duration_s=300.0 if quick else None))
+    done(7, "fault coverage")
+    slow = next(f for f in r8.scenario.faults if f.kind == "link_error_ramp"
+                and f.ramp_s > 7200.0)
+    det, exp, misses = fault_coverage(runs, cfg, skip=[(r8.scenario.name, str(slow.port))])
+    figs.append(_fig("faults.detected_pct", 100.0 * det / exp if exp else None, "%", 100.0,
+                     ">=", f"{det}/{exp} injected faults detected over "
+                     f"{', '.join(sorted({r.scenario.name for r in runs}))} (rising-crc's 24 h "
+                     f"creep on {slow.port}: S8.creep figures, the lock-step run stops early)"
+                     + (f"; missed: {', '.join(misses)}" if misses else ""), misses=misses))
+    if out is not None:
+        _plots(out, r2, cfg, seed=5)
+    done(8, "done")
+    return figs

@@ -1,0 +1,203 @@
+"""The scenario quality report (issue 8): every standard scenario in lock-step, its control and
+detection figures, a Markdown table and plots.
+
+``rackctl scenarios --out DIR [--quick] [--only NAME...]`` calls `main`. The figures come from
+the daemons' own lock-step runners, each a ``(out, progress, quick) -> list[Figure]`` function:
+
+* ``harness.lockstep_valvey.valvey_scenario_figures``: valvey on S1-S6, S9 (control: max and RMS
+  error, settling, valve reversals and strokes, recovery times; supply-loop detection), with
+  its plots of supply temperature, valve, pump and power per control scenario;
+* ``harness.lockstep_racky.racky_scenario_figures``: racky on S3, S4, S6-S10 (detection
+  latency, false alarms, caps), beside a Prometheus-style static rule on the same traces.
+
+A source that is missing or raises is recorded as one failed figure ``<daemon>.report.error``
+(value None, the error in ``detail``) and the report goes on. ``DIR`` receives
+``results.json`` and ``results.md`` (`harness.figures.write_results`) and the sources' PNGs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import platform
+import re
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.figures import Figure, Progress, write_results
+
+__all__ = ["SOURCES", "SOURCE_SCENARIOS", "Source", "collect", "main"]
+
+Source = tuple[str, str, str]
+"""``(daemon, module, function)`` of one figure source."""
+
+SOURCES: tuple[Source, ...] = (
+    ("valvey", "harness.lockstep_valvey", "valvey_scenario_figures"),
+    ("racky", "harness.lockstep_racky", "racky_scenario_figures"),
+)
+
+
+def _error_figure(daemon: str, what: str) -> Figure:
+    return Figure(
+        name=f"{daemon}.report.error", value=None, unit="", target=0.0, comparison="==",
+        detail=what.replace("|", "\\|").replace("\n", " ")[:500],
+    )
+
+
+#: REFERENCE §5: the standard scenarios' names and their ids in figure names.
+SCENARIO_IDS = {
+    "load-step": "S1", "agentic-bursts": "S2", "pump-trip": "S3", "valve-stuck": "S4",
+    "sensor-dropout": "S5", "leak": "S6", "flapping-link": "S7", "rising-crc": "S8",
+    "facility-water-rise": "S9", "psu-failure": "S10",
+}
+
+
+#: Scenario ids whose figures each source can produce (module docstring; a superset is safe:
+#: it only means a source runs when ``--only`` might need it).
+SOURCE_SCENARIOS: dict[str, frozenset[str]] = {
+    "valvey": frozenset({"S1", "S2", "S3", "S4", "S5", "S6", "S9"}),
+    "racky": frozenset({"S2", "S3", "S4", "S6", "S7", "S8", "S9", "S10"}),
+}
+
+_SID_RE = re.compile(r"^(S\d+)[a-z]?$")
+
+
+def _source_needed(daemon: str, filters: Sequence[str]) -> bool:
+    """Whether source ``daemon`` can yield a figure that scenario/prefix ``filters`` keep
+    (True when unsure: a filter that is neither a scenario id or name nor a ``<daemon>.``
+    prefix)."""
+    if not filters:
+        return True
+    covered = SOURCE_SCENARIOS.get(daemon)
+    for o in filters:
+        head, dot, _ = o.partition(".")
+        if dot and head in SOURCE_SCENARIOS:  # a name prefix such as valvey.S1
+            if head == daemon:
+                return True
+            continue
+        m = _SID_RE.match(SCENARIO_IDS.get(o, o))
+        if m is None or covered is None or m.group(1) in covered:
+            return True
+    return False
+
+
+def _matches(name: str, only: Sequence[str] | None) -> bool:
+    """Whether figure ``name`` is selected by ``only``: a scenario id (``S6`` also selects its
+    variants ``S6a``.., never ``S60``), a scenario name (``leak``), or a name prefix."""
+    if not only:
+        return True
+    parts = name.split(".")
+    for o in only:
+        sid = SCENARIO_IDS.get(o, o)
+        if name.startswith(o) or any(
+            p == sid or (p.startswith(sid) and not p[len(sid):len(sid) + 1].isdigit()
+                         and sid[:1] == "S" and sid[1:].isdigit())
+            for p in parts
+        ):
+            return True
+    return False
+
+
+def collect(
+    out: Path | None,
+    progress: Callable[[str, float], None],
+    quick: bool,
+    only: Sequence[str] | None = None,
+    sources: Sequence[Source] | None = None,
+) -> list[Figure]:
+    """Run every source (lazily imported) and return their figures.
+
+    ``only`` keeps sources whose daemon is named and, within a source, figures of the given
+    scenarios (id ``S1`` or name ``load-step``) or name prefixes. A source that cannot yield
+    any requested scenario (`SOURCE_SCENARIOS`) is skipped; a source that runs still runs
+    every scenario it has (they take no filter), only the figures kept are reported. A source that
+    cannot be imported or raises yields one failed ``<daemon>.report.error`` figure.
+    """
+    sources = SOURCES if sources is None else sources
+    figures: list[Figure] = []
+    daemons = {s[0] for s in (*SOURCES, *sources)}
+    picked_daemons = {o for o in (only or ()) if o in daemons}
+    for daemon, module, func in sources:
+        if picked_daemons and daemon not in picked_daemons:
+            continue
+        if not picked_daemons and not _source_needed(
+                daemon, [o for o in (only or ()) if o not in daemons]):
+            continue
+        label = f"{daemon} scenarios"
+        progress(label, 0.0)
+        try:
+            fn = getattr(importlib.import_module(module), func)
+        except (ImportError, AttributeError) as err:
+            figures.append(_error_figure(daemon, f"{module}.{func} is missing: {err}"))
+            progress(label, 1.0)
+            continue
+
+        def sub(lbl: str, frac: float, _d: str = daemon) -> None:
+            progress(lbl if lbl.startswith(_d) else f"{_d}: {lbl}", frac)
+
+        try:
+            got = list(fn(out, sub, quick))
+        except Exception as err:  # a crashing source is a failed figure, never a crashed report
+            tb = traceback.format_exception_only(type(err), err)[-1].strip()
+            figures.append(_error_figure(daemon, f"{module}.{func} raised {tb}"))
+            progress(label, 1.0)
+            continue
+        rest = [o for o in (only or ()) if o not in daemons]
+        figures += [f for f in got if _matches(f.name, rest)]
+        progress(label, 1.0)
+    return figures
+
+
+def _rich_progress() -> tuple[Progress, Callable[[], None]]:
+    """A `Progress` drawing one rich bar per label, and its closer."""
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as RichProgress
+
+    bar = RichProgress(TextColumn("{task.description}"), BarColumn(),
+                       TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn())
+    bar.start()
+    tasks: dict[str, Any] = {}
+
+    def progress(label: str, fraction: float) -> None:
+        key = label.split(":")[0].split()[0] if label.strip() else label
+        if key not in tasks:
+            tasks[key] = bar.add_task(label, total=1.0)
+        bar.update(tasks[key], completed=max(0.0, min(1.0, fraction)), description=label)
+
+    return progress, bar.stop
+
+
+def main(out: Path, quick: bool, only: list[str] | None) -> int:
+    """Run the scenario report into ``out``; 0 when every figure passes, 1 otherwise.
+
+    ``quick`` shortens traces and seeds (a smoke run, minutes not tens of minutes); ``only``
+    limits the run to daemons (``valvey``/``racky``), scenario ids (``S1``) or figure names.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    progress, close = _rich_progress()
+    t0 = time.monotonic()
+    figures: list[Figure] = []
+    md = out / "results.md"
+
+    def write(done: str) -> Path:
+        wall = time.monotonic() - t0
+        preamble = (
+            f"Lock-step runs of the standard scenarios ({'quick' if quick else 'full'} mode, "
+            f"{wall:.0f} s wall{done}) on {platform.node()} ({platform.machine()}, Python "
+            f"{platform.python_version()}). Every value is computed from a run; see "
+            f"docs/BENCHMARKS.md."
+        )
+        return write_results(out, figures, "rackplane scenario quality report", preamble)
+
+    try:
+        for i, src in enumerate(SOURCES):
+            figures += collect(out, progress, quick, only, [src])
+            # after each source, so an interrupted run still leaves what it computed
+            md = write("" if i == len(SOURCES) - 1 else f"; partial: {src[0]} done")
+    finally:
+        close()
+    failed = [f.name for f in figures if f.passed is False]
+    print(f"{len(figures)} figures, {len(failed)} failed; {md}")
+    return 1 if failed else 0

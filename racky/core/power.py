@@ -1,0 +1,708 @@
+"""Rack power: shelves, limits, the cap loop, sequencing, reconciliation (pure).
+
+**Shelves** (`read_shelves`): the rack's measured power is the sum of the shelves' DC output
+(``state/rack_power``, valvey's feedforward input), its live capacity and redundancy come from
+the shelves' registers (``config/registers/power-shelf.toml``; REFERENCE §1.2, §5 S10).
+
+**The rack limit** is the lowest of: the budget (config or ``set_budget``); the capacity
+ceiling (`CapacityGuard`: when the load exceeds the live capacity, cap to capacity less a
+margin within one tick, S10; released when capacity is back); the facility-water derate
+(`Derate`: P_max(T_fws) of REFERENCE §4.4, applied at once, released with hysteresis and a
+ramp, S9); caps requested by other daemons (``cap_rack`` from valvey, each with a TTL).
+
+**The cap loop** (`CapAllocator`): the limit less the power outside the trays becomes per-tray
+caps: every powered tray gets at least its minimum (the agents' minimum power limit), then
+priority classes in rank order get their demand (peak over ``demand_hold_s``) plus headroom,
+water-filled within a class; what is left is spread over every tray in proportion to its room
+up to its maximum (headroom redistribution, so an idle tray can burst without waiting a tick).
+Cap rises are ramp-limited and never exceed the limit even transiently: a rise is granted only
+from room left by caps the agents already *report* lower (so whatever order the agents apply
+a batch, Σ caps stays within the limit). Falls are immediate when the rack is over its limit,
+else ramp-limited too.
+
+**Sequencing** (`Sequencer`): tray power on/off (not the safety power-downs, which are
+immediate) is staggered so that at most ``inrush_limit_w`` is switched per ``stagger_s``.
+
+**Reconciliation** (`Reconciler`): the desired settings of every tray against what its agent
+reports; a mismatch older than ``reconcile_confirm_s`` is re-asserted (at most once per that
+period, counted), one older than ``drift_alarm_s`` raises ``cap_drift.<tray>`` naming it.
+
+**Blast radius** (`BlastRadius`): at most ``max_actions`` automated actions per ``window_s``;
+safety actions are exempt (DESIGN §3 Safety).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from rackplane.core.samples import Quality, Sample
+from racky.config import (
+    BlastRadiusSettings,
+    DerateSettings,
+    NodeAgentsSettings,
+    PowerSettings,
+    SequencingSettings,
+    ShelfPoints,
+)
+from racky.core.alarmbank import AlarmKind
+from racky.core.telemetry import TrayReading, TrayTable
+
+POWER_ALARM_KINDS: tuple[AlarmKind, ...] = (
+    # 3 missed 1 s polls, and not before the first reads had time to come (start-up inhibit)
+    AlarmKind("shelf_offline", "major", "power shelf {thing} not answering ({detail})",
+              on_delay_s=3.0, startup_inhibit_s=10.0),
+    AlarmKind("psu_failed", "major", "{thing} failed ({detail})", runbook="psu"),
+    AlarmKind("psu_derated", "minor", "{thing} derated ({detail})", runbook="psu"),
+    AlarmKind("shelf_ac_lost", "major", "power shelf {thing} lost AC input ({detail})",
+              runbook="psu"),
+    AlarmKind("feed_redundancy_lost", "major", "rack lost feed redundancy (N+N): {detail}",
+              runbook="psu"),
+    AlarmKind("redundancy_lost", "major", "rack power has no spare PSU left: {detail}",
+              runbook="psu"),
+    AlarmKind("capacity_exceeded", "critical", "rack load above live PSU capacity: {detail}",
+              runbook="psu"),
+    AlarmKind("power_capped", "warning", "rack power capped: {detail}"),
+    AlarmKind("budget_exceeded", "major", "rack power above its limit: {detail}", on_delay_s=5.0),
+    AlarmKind("budget_infeasible", "major", "rack limit below the trays' minimum power: "
+              "{detail}"),
+    AlarmKind("cap_drift", "major", "{thing}: node agent does not hold the cap racky set "
+              "({detail})", runbook="cap-drift"),
+    AlarmKind("agent_refused", "major", "{thing}: node agent refused racky's settings "
+              "({detail})"),
+    AlarmKind("tray_stale", "major", "{thing}: no node-agent telemetry ({detail})"),
+    AlarmKind("blast_radius_limit", "major", "automated actions limited: {detail}"),
+)
+
+
+# --- shelves ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShelfView:
+    """The shelves now. Power in W; None when no shelf reports it. ``rack_power_w`` is the
+    sum over the shelves reporting (``shelves_reporting`` of ``shelves_configured``): use
+    `load_w` for the rack's load."""
+
+    rack_power_w: float | None
+    rack_load_w: float | None
+    rack_input_w: float | None
+    shelves_reporting: int
+    shelves_configured: int
+    capacity_w: float | None
+    redundant_feeds: bool | None
+    spare_psus: int | None
+    offline: list[str]
+    ac_lost: list[str]
+    psu_failed: list[str]
+    psu_derated: list[str]
+    psu_temp_c: dict[str, float]
+    overloaded: bool = False
+
+    @property
+    def load_w(self) -> float | None:
+        """The rack's DC load, W: the shelves' rack-load register (BBU share included), else
+        the sum of the shelves' outputs when every shelf reports; None otherwise (a shelf
+        offline or stale is never counted as 0 W: a partial sum would understate the rack,
+        hide an over-limit and let the non-tray estimate, then the caps, rise)."""
+        if self.rack_load_w is not None:
+            return self.rack_load_w
+        if self.shelves_reporting < self.shelves_configured:
+            return None
+        return self.rack_power_w
+
+
+def read_shelves(latest: Mapping[str, Mapping[str, Sample]], pts: ShelfPoints, now: float,
+                 stale_after_s: float) -> ShelfView:
+    """Summarise the latest samples of every shelf (device name -> point -> sample)."""
+    out_w = in_w = 0.0
+    n_out = n_in = 0
+    cap_rack: float | None = None
+    cap_sum, n_cap = 0.0, 0
+    red: bool | None = None
+    spare: int | None = None
+    load: float | None = None
+    overloaded = False
+    offline, ac_lost, failed, derated = [], [], [], []
+    temps: dict[str, float] = {}
+
+    oldest = now - stale_after_s
+    psu_pts = _psu_points(pts)
+
+    def val(s: Mapping[str, Sample], point: str) -> float | None:
+        x = s.get(point)
+        if x is None or x.value is None or x.quality is not Quality.GOOD or x.t_mono < oldest:
+            return None
+        v = x.value
+        return v if math.isfinite(v) else None
+
+    for name, s in latest.items():
+        o = val(s, pts.output_power)
+        if o is None:
+            offline.append(name)
+            continue
+        out_w += o
+        n_out += 1
+        i = val(s, pts.input_power)
+        if i is not None:
+            in_w += i
+            n_in += 1
+        c = val(s, pts.rack_capacity)
+        if c is not None:
+            cap_rack = c if cap_rack is None else min(cap_rack, c)
+        a = val(s, pts.available)
+        if a is not None:
+            cap_sum += a
+            n_cap += 1
+        r = val(s, pts.rack_redundant_feeds)
+        if r is not None:
+            red = r >= 0.5 if red is None else red and r >= 0.5
+        sp = val(s, pts.rack_spare_psus)
+        if sp is not None:
+            spare = int(sp) if spare is None else min(spare, int(sp))
+        ld = val(s, pts.rack_load)
+        if ld is not None:
+            load = ld if load is None else max(load, ld)
+        st = val(s, pts.status)
+        if st is not None:
+            if (int(st) >> pts.shelf_ac_lost_bit) & 1:
+                ac_lost.append(name)
+            if (int(st) >> pts.shelf_overloaded_bit) & 1 or (int(st) >> pts.shelf_bbu_bit) & 1:
+                overloaded = True
+        for k, p_status, p_temp in psu_pts:
+            ps = val(s, p_status)
+            if ps is not None and (int(ps) >> pts.psu_failed_bit) & 1:
+                failed.append(f"{name}/psu{k}")
+            elif ps is not None and (int(ps) >> pts.psu_derated_bit) & 1:
+                derated.append(f"{name}/psu{k}")
+            t = val(s, p_temp)
+            if t is not None:
+                temps[f"{name}/psu{k}"] = t
+    capacity = cap_rack if cap_rack is not None else (cap_sum if n_cap else None)
+    return ShelfView(
+        rack_power_w=out_w if n_out else None, rack_load_w=load,
+        rack_input_w=in_w if n_in else None,
+        shelves_reporting=n_out, shelves_configured=len(latest), capacity_w=capacity,
+        redundant_feeds=red, spare_psus=spare, offline=offline, ac_lost=ac_lost,
+        psu_failed=failed, psu_derated=derated, psu_temp_c=temps, overloaded=overloaded,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _psu_points(pts: ShelfPoints) -> tuple[tuple[int, str, str], ...]:
+    return tuple((k, pts.psu_status.format(n=k), pts.psu_temp.format(n=k))
+                 for k in range(1, pts.psus_per_shelf + 1))
+
+
+# --- limits ----------------------------------------------------------------------------------
+
+
+class CapacityGuard:
+    """Caps the rack to its live PSU capacity less ``margin_pct`` when the load exceeds that
+    capacity (redundancy gone, S10); released once capacity × (1 − margin) can carry
+    ``release_w`` (the rack's uncapped maximum) or a spare PSU is back."""
+
+    def __init__(self, margin_pct: float) -> None:
+        self.margin = margin_pct / 100.0
+        self.engaged = False
+        self.cap_w: float | None = None
+
+    def step(self, view: ShelfView, release_w: float) -> float | None:
+        """The capacity ceiling now, W (None: not engaged). Engages when the shelves say
+        overloaded or the load exceeds live capacity; held on missing capacity data.
+
+        Args:
+            view: the shelves now; release_w: the rack's uncapped maximum, W.
+        """
+        cap = view.capacity_w
+        load = view.load_w
+        if cap is None:
+            return self.cap_w if self.engaged else None  # hold on missing data
+        ceiling = cap * (1.0 - self.margin)
+        if not self.engaged and (view.overloaded or (load is not None and load > cap * 1.001)):
+            self.engaged = True
+        if self.engaged and (ceiling >= release_w or (view.spare_psus or 0) >= 1):
+            self.engaged = False
+        self.cap_w = ceiling if self.engaged else None
+        return self.cap_w
+
+
+class Derate:
+    """P_max(T_fws) derating with margin, release hysteresis and a release ramp (S9)."""
+
+    def __init__(self, cfg: DerateSettings) -> None:
+        self.cfg = cfg
+        self._t = np.array([t for t, _ in cfg.table])
+        self._p = np.array([p for _, p in cfg.table])
+        self.cap_w: float | None = None
+        self.applied_at_c: float | None = None
+
+    def p_max(self, t_fws_c: float) -> float:
+        """P_max at ``t_fws_c`` (linear in the table, held at its ends), W."""
+        return float(np.interp(t_fws_c, self._t, self._p))
+
+    def step(self, t_fws_c: float | None, fresh: bool, dt: float, uncapped_w: float
+             ) -> float | None:
+        """The derate cap (None: none) for facility water ``t_fws_c`` (°C); ``uncapped_w`` is
+        the rack's uncapped maximum (a P_max above it is no derate)."""
+        c = self.cfg
+        if not c.enabled:
+            self.cap_w = None
+            return None
+        if t_fws_c is None or not fresh:
+            return self.cap_w  # never released on missing data
+        target = self.p_max(t_fws_c + c.margin_k)
+        if self.cap_w is None:
+            if target < uncapped_w:
+                self.cap_w = target
+                self.applied_at_c = t_fws_c
+            return self.cap_w
+        if target <= self.cap_w:
+            self.cap_w = target
+            self.applied_at_c = t_fws_c if self.applied_at_c is None else max(
+                self.applied_at_c, t_fws_c)
+            return self.cap_w
+        # releasing: only as the water falls below where it was applied, and ramped
+        allowed = self.p_max(t_fws_c + c.margin_k + c.release_hysteresis_k)
+        if allowed > self.cap_w:
+            self.cap_w = min(allowed, self.cap_w + c.release_ramp_w_per_s * dt)
+        if self.cap_w >= uncapped_w:
+            self.cap_w = None
+            self.applied_at_c = None
+        return self.cap_w
+
+
+@dataclass
+class RequestedCap:
+    """A cap asked for by another daemon (``cap_rack``)."""
+
+    user: str
+    power_w: float
+    until_mono: float
+    reason: str
+
+
+# --- the cap loop ----------------------------------------------------------------------------
+
+
+@dataclass
+class TrayPowerView:
+    """Per tray (trays,): powered (reported and desired), measured power, demand estimate,
+    reported enforced tray cap, fresh, priority rank."""
+
+    powered: np.ndarray
+    power_w: np.ndarray
+    demand_w: np.ndarray
+    enforced_w: np.ndarray
+    fresh: np.ndarray
+    rank: np.ndarray
+
+
+class CapAllocator:
+    """Rack limit -> per-tray caps (module docstring).
+
+    Args:
+        cfg: power settings; agents: geometry and per-GPU limits; tick_s: the tick (the
+            demand's peak-hold ring holds ``demand_hold_s`` of ticks).
+    """
+
+    def __init__(self, cfg: PowerSettings, agents: NodeAgentsSettings, tick_s: float = 1.0
+                 ) -> None:
+        self.cfg = cfg
+        self.agents = agents
+        n = agents.trays
+        self.n = n
+        self.other_share = agents.other_share
+        self.caps: np.ndarray = np.full(n, np.nan)  # desired tray caps (NaN: none)
+        hold = max(1, math.ceil(cfg.demand_hold_s / tick_s) + 1)
+        self._demand_ring = np.zeros((n, hold))
+        self._ring_i = 0
+        self.infeasible = False
+
+    @property
+    def tray_max_w(self) -> float:
+        """A tray's largest draw, W: GPUs × TGP × (1 + the measured non-GPU share)."""
+        a = self.agents
+        return a.gpus_per_tray * a.gpu_tgp_w * (1.0 + self.other_share)
+
+    @property
+    def tray_min_w(self) -> float:
+        """The lowest tray cap racky sends, W: GPUs × the GPUs' minimum power limit × (1 +
+        the non-GPU share), rounded up (the agents refuse a cap below it)."""
+        a = self.agents
+        return math.ceil(a.gpus_per_tray * a.gpu_min_power_limit_w * (1.0 + self.other_share)
+                         + 1.0)
+
+    def demand(self, t: TrayTable) -> np.ndarray:
+        """Per-tray demand estimate (W): the GPUs' demand scaled to the tray (their measured
+        share) where reported, else the power (+10 % when the agent says it is capping); peak
+        over ``demand_hold_s``."""
+        g = self.agents.gpus_per_tray
+        gp = np.nansum(t.gpu_power_w.reshape(self.n, g), axis=1)
+        dem = t.gpu_demand_w.reshape(self.n, g)
+        dem_ok = np.isfinite(dem).all(axis=1) & (gp > 1.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            scaled = dem.sum(axis=1) * np.maximum(t.power_w / gp, 1.0)
+        d = np.where(dem_ok, scaled, t.power_w * np.where(t.capping, 1.1, 1.0))
+        d = np.where(t.fresh & t.powered, d, 0.0)
+        self._demand_ring[:, self._ring_i] = d
+        self._ring_i = (self._ring_i + 1) % self._demand_ring.shape[1]
+        out: np.ndarray = self._demand_ring.max(axis=1)
+        return out
+
+    def allocate(self, limit_w: float | None, non_tray_w: float, v: TrayPowerView,
+                 rack_power_w: float | None, dt: float) -> np.ndarray:
+        """New desired caps (W per tray, NaN: none) for the rack limit ``limit_w``."""
+        cfg = self.cfg
+        n = self.n
+        mx, mn = self.tray_max_w, self.tray_min_w
+        on = v.powered
+        if limit_w is None:
+            self.infeasible = False
+            self.caps = np.full(n, np.nan)
+            return self.caps.copy()
+        budget = limit_w * (1.0 - cfg.budget_margin_pct / 100.0) - non_tray_w
+        if on.sum() * mx <= budget:
+            self.infeasible = False
+            self.caps = np.full(n, np.nan)  # the limit cannot bind: no caps
+            return self.caps.copy()
+        a = np.where(on, float(mn), 0.0)
+        rest = budget - a.sum()
+        self.infeasible = rest < 0
+        if rest > 0:
+            want = np.where(on, np.clip(v.demand_w * (1.0 + cfg.headroom_pct / 100.0), mn, mx)
+                            - mn, 0.0)
+            for rank in sorted(set(v.rank[on].tolist())):
+                sel = on & (v.rank == rank)
+                w = np.where(sel, want, 0.0)
+                tot = w.sum()
+                if tot <= rest:
+                    a += w
+                    rest -= tot
+                else:
+                    a += _water_fill(w, rest)
+                    rest = 0.0
+                if rest <= 0:
+                    break
+            if rest > 0:
+                room = np.where(on, mx - a, 0.0)
+                if room.sum() > 0:
+                    a += room * min(1.0, rest / room.sum())
+        target = np.where(on, a, float(mn))  # an unpowered tray waits at its minimum
+        self.caps = self._ramp(target, v, limit_w, rack_power_w, budget, dt)
+        return self.caps.copy()
+
+    def _ramp(self, target: np.ndarray, v: TrayPowerView, limit_w: float,
+              rack_power_w: float | None, budget: float, dt: float) -> np.ndarray:
+        cfg = self.cfg
+        mx = self.tray_max_w
+        prev = np.where(np.isnan(self.caps), mx, self.caps)
+        over = rack_power_w is not None and rack_power_w > limit_w
+        down = target < prev
+        if over:
+            new = np.where(down, target, prev)
+        else:
+            new = np.where(down, np.maximum(target, prev - cfg.cap_ramp_down_w_per_s * dt), prev)
+        up = target > prev
+        inc = np.where(up, np.minimum(target, prev + cfg.cap_ramp_up_w_per_s * dt), new)
+        enforced = np.where(np.isnan(v.enforced_w), mx, v.enforced_w)
+        base = np.maximum(np.where(up, prev, new), enforced)
+        room = budget - base.sum()
+        extra = np.where(up, np.maximum(inc - np.maximum(prev, enforced), 0.0), 0.0)
+        if extra.sum() > 0:
+            share = min(1.0, max(room, 0.0) / extra.sum())
+            new = np.where(up, np.minimum(inc, np.maximum(prev, enforced) + extra * share), new)
+            new = np.where(up, np.maximum(new, prev), new)
+        small = np.abs(new - prev) < cfg.cap_deadband_w
+        if over:
+            small &= new >= prev  # over the limit every decrease goes out
+        new = np.where(small & ~np.isnan(self.caps), prev, new)
+        return np.round(new, 0)
+
+
+def _water_fill(want: np.ndarray, total: float) -> np.ndarray:
+    """Split ``total`` over elements up to ``want`` each, equal level first (water filling)."""
+    w = np.sort(want[want > 0])
+    if w.size == 0 or total <= 0:
+        return np.zeros_like(want)
+    n = w.size
+    cum = 0.0
+    level = 0.0
+    for i, x in enumerate(w):
+        need = (x - (w[i - 1] if i else 0.0)) * (n - i)
+        if cum + need >= total:
+            level = (w[i - 1] if i else 0.0) + (total - cum) / (n - i)
+            break
+        cum += need
+        level = x
+    out: np.ndarray = np.minimum(want, level)
+    return out
+
+
+# --- desired tray settings, sequencing, reconciliation ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredTray:
+    """What racky wants a tray's agent to hold (the agent contract's fields)."""
+
+    powered: bool = True
+    power_cap_w: float | None = None
+    gpu_power_cap_w: float | None = None
+    power_floor_pct: float = 0.0
+    ramp_up_w_per_s: float | None = None
+    ramp_down_w_per_s: float | None = None
+    ramp_down_hysteresis_s: float = 0.0
+
+    def args(self) -> dict[str, Any]:
+        """The ``set_power_limits`` args of these settings (without ``trays``)."""
+        return {
+            "powered": self.powered, "power_cap_w": self.power_cap_w,
+            "gpu_power_cap_w": self.gpu_power_cap_w, "power_floor_pct": self.power_floor_pct,
+            "ramp_up_w_per_s": self.ramp_up_w_per_s,
+            "ramp_down_w_per_s": self.ramp_down_w_per_s,
+            "ramp_down_hysteresis_s": self.ramp_down_hysteresis_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCommand:
+    """A ``set_power_limits`` to send: ``trays`` and the changed ``args``."""
+
+    trays: tuple[int, ...]
+    args: dict[str, Any]
+    reason: str
+
+
+def diff_commands(old: Sequence[DesiredTray | None], new: Sequence[DesiredTray],
+                  reason: str, force: Sequence[int] = ()) -> list[AgentCommand]:
+    """Commands that take the agents from ``old`` (None: unknown, send everything) to
+    ``new``: trays with the same changed fields and values share a command (<= 64 trays)."""
+    groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
+    forced = set(force)
+    for k, (o, n) in enumerate(zip(old, new, strict=True)):
+        na = n.args()
+        if o is None or k in forced:
+            changed = tuple(sorted(na.items()))
+        else:
+            oa = o.args()
+            changed = tuple(sorted((f, v) for f, v in na.items() if oa[f] != v))
+        if changed:
+            groups.setdefault(changed, []).append(k)
+    out = []
+    for fields, trays in groups.items():
+        for i in range(0, len(trays), 64):
+            out.append(AgentCommand(tuple(trays[i:i + 64]), dict(fields), reason))
+    return out
+
+
+class Sequencer:
+    """Staggered tray power on/off within an inrush limit (module docstring)."""
+
+    def __init__(self, cfg: SequencingSettings, n_trays: int) -> None:
+        self.cfg = cfg
+        self.n = n_trays
+        self._queue: deque[tuple[int, bool]] = deque()
+        self._recent: deque[tuple[float, float]] = deque()  # (t, W switched)
+
+    @property
+    def pending(self) -> list[tuple[int, bool]]:
+        """Switchings still queued: (tray, power on) in order."""
+        return list(self._queue)
+
+    def request(self, trays: Sequence[int], powered: bool) -> None:
+        """Queue trays to switch (a later request for a tray replaces an earlier one)."""
+        drop = set(trays)
+        self._queue = deque((t, p) for t, p in self._queue if t not in drop)
+        self._queue.extend((t, powered) for t in trays)
+
+    def cancel(self, trays: Sequence[int]) -> None:
+        """Drop the queued switchings of ``trays`` (a safety power-down overrides them)."""
+        drop = set(trays)
+        self._queue = deque((t, p) for t, p in self._queue if t not in drop)
+
+    def step(self, now: float) -> list[tuple[int, bool]]:
+        """The switches allowed now (at most ``inrush_limit_w`` per ``stagger_s``)."""
+        c = self.cfg
+        while self._recent and now - self._recent[0][0] >= c.stagger_s - 1e-9:
+            self._recent.popleft()
+        used = sum(w for _, w in self._recent)
+        out: list[tuple[int, bool]] = []
+        while self._queue and (used + c.tray_inrush_w <= c.inrush_limit_w + 1e-9
+                               or (not self._recent and not out)):
+            t, p = self._queue.popleft()
+            out.append((t, p))
+            used += c.tray_inrush_w
+            self._recent.append((now, c.tray_inrush_w))
+        return out
+
+
+class Reconciler:
+    """Desired vs reported agent settings per tray (module docstring)."""
+
+    def __init__(self, cfg: PowerSettings, n_trays: int) -> None:
+        self.cfg = cfg
+        self.n = n_trays
+        self._since = np.full(n_trays, np.nan)
+        self._last_assert = np.full(n_trays, -np.inf)
+        self.reasserts = 0
+        self.mismatch: dict[int, str] = {}
+
+    def note_sent(self, trays: Sequence[int], now: float) -> None:
+        """New settings for ``trays`` went out: judge them afresh from now."""
+        for k in trays:
+            self._since[k] = np.nan
+            self._last_assert[k] = now
+
+    def note_reasserted(self, trays: Sequence[int], now: float) -> None:
+        """Unchanged settings were re-sent to ``trays``: the next reading judged is one newer
+        than this, but the mismatch keeps its age (an agent that accepts and does not hold a
+        cap still drifts, and ``drift_alarm_s`` still raises its alarm)."""
+        for k in trays:
+            self._last_assert[k] = now
+
+    def step(self, now: float, desired: Sequence[DesiredTray],
+             readings: Mapping[int, TrayReading], fresh: np.ndarray
+             ) -> tuple[list[int], dict[int, str]]:
+        """Trays to re-assert now, and trays drifting long enough to alarm (with detail)."""
+        tol = self.cfg.reconcile_tolerance_w
+        resend: list[int] = []
+        drift: dict[int, str] = {}
+        self.mismatch = {}
+        for k in range(self.n):
+            r = readings.get(k)
+            if r is None or not fresh[k] or r.t_mono <= self._last_assert[k]:
+                continue
+            why = _mismatch(desired[k], r, tol)
+            if why is None:
+                self._since[k] = np.nan
+                continue
+            self.mismatch[k] = why
+            if np.isnan(self._since[k]):
+                self._since[k] = now
+            age = now - self._since[k]
+            if (age >= self.cfg.reconcile_confirm_s - 1e-9
+                    and now - self._last_assert[k] >= self.cfg.reconcile_confirm_s - 1e-9):
+                resend.append(k)
+                self.reasserts += 1
+            if age >= self.cfg.drift_alarm_s - 1e-9:
+                drift[k] = why
+        return resend, drift
+
+
+def _mismatch(d: DesiredTray, r: TrayReading, tol: float) -> str | None:
+    a = r.agent
+    if d.powered != r.powered:
+        return f"powered: desired {d.powered}, reported {r.powered}"
+
+    def differ(x: float | None, y: float | None) -> bool:
+        if x is None or y is None:
+            return (x is None) != (y is None)
+        return abs(x - y) > tol
+
+    if differ(d.power_cap_w, a.power_cap_w):
+        return f"tray cap: desired {_w(d.power_cap_w)}, reported {_w(a.power_cap_w)}"
+    if differ(d.gpu_power_cap_w, a.gpu_power_cap_w):
+        return f"GPU cap: desired {_w(d.gpu_power_cap_w)}, reported {_w(a.gpu_power_cap_w)}"
+    if d.power_cap_w is not None and a.enforced_tray_cap_w > d.power_cap_w + tol:
+        return f"enforced tray cap {a.enforced_tray_cap_w:.0f} W above {d.power_cap_w:.0f} W"
+    if abs(d.power_floor_pct - (0.0 if math.isnan(a.power_floor_pct) else a.power_floor_pct)) \
+            > 0.5:
+        return f"floor: desired {d.power_floor_pct:g} %, reported {a.power_floor_pct:g} %"
+    if differ(d.ramp_up_w_per_s, a.ramp_up_w_per_s) or differ(
+            d.ramp_down_w_per_s, a.ramp_down_w_per_s):
+        return "ramp limits differ"
+    return None
+
+
+def _w(x: float | None) -> str:
+    return "none" if x is None else f"{x:.0f} W"
+
+
+class BlastRadius:
+    """At most ``max_actions`` automated actions per ``window_s`` (safety exempt)."""
+
+    def __init__(self, cfg: BlastRadiusSettings) -> None:
+        self.cfg = cfg
+        self._times: deque[float] = deque()
+        self.refused = 0
+
+    def used(self, now: float) -> int:
+        """Automated actions counted in the window ending at ``now`` (monotonic s)."""
+        while self._times and now - self._times[0] >= self.cfg.window_s:
+            self._times.popleft()
+        return len(self._times)
+
+    def allow(self, now: float, n: int = 1) -> bool:
+        """Take ``n`` actions if the window has room (recorded); False (counted) otherwise."""
+        if self.used(now) + n > self.cfg.max_actions:
+            self.refused += 1
+            return False
+        self._times.extend([now] * n)
+        return True
+
+
+GRID_EFFICIENCY = 0.975
+"""PSU efficiency used to turn the grid-side (AC) ramp limit into the DC one (REFERENCE §1.2:
+97.5 % at full load, the curve's lowest point above 30 % load)."""
+
+
+@dataclass
+class SmoothingSettings:
+    """Per-GPU agent settings derived from the rack's grid-side ramp limit (REF §1.3)."""
+
+    power_floor_pct: float
+    ramp_up_w_per_s: float | None
+    ramp_down_w_per_s: float | None
+    ramp_down_hysteresis_s: float
+
+
+def smoothing(cfg: PowerSettings, agents: NodeAgentsSettings, other_share: float
+              ) -> SmoothingSettings:
+    """The agents' floor and ramps: the rack ramp split over every GPU and its tray share
+    (rack W/s = GPUs × per-GPU W/s × (1 + other share))."""
+    r = cfg.rack_ramp_w_per_s
+    per_gpu = None
+    if r is not None:
+        # grid side is the AC input: DC ramp = AC ramp × η (REF §1.2: 97.5 % at full load)
+        per_gpu = round(r * GRID_EFFICIENCY
+                        / (agents.trays * agents.gpus_per_tray * (1.0 + other_share)), 1)
+    return SmoothingSettings(cfg.power_floor_pct, per_gpu, per_gpu, cfg.ramp_down_hysteresis_s)
+
+
+@dataclass
+class LimitState:
+    """The rack limit and where each part comes from (for state and alarms)."""
+
+    limit_w: float | None = None
+    source: str = "none"
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+def rack_limit(budget_w: float | None, capacity_w: float | None, derate_w: float | None,
+               requested: Mapping[str, RequestedCap]) -> LimitState:
+    """The lowest of the budget, capacity ceiling, derate and requested caps."""
+    parts: dict[str, float] = {}
+    if budget_w is not None:
+        parts["budget"] = budget_w
+    if capacity_w is not None:
+        parts["capacity"] = capacity_w
+    if derate_w is not None:
+        parts["derate"] = derate_w
+    for user, rc in requested.items():
+        parts[f"requested:{user}"] = rc.power_w
+    if not parts:
+        return LimitState()
+    src = min(parts, key=lambda k: parts[k])
+    return LimitState(parts[src], src, parts)
+
+
+def with_powered(d: DesiredTray, powered: bool) -> DesiredTray:
+    """``d`` with the tray's power state replaced."""
+    return replace(d, powered=powered)

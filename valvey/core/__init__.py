@@ -1,0 +1,1 @@
+"""valvey's pure cores: control loops, interlocks, payload decoding (DESIGN §2)."""
