@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.figures import Comparison, Figure, Progress, no_progress, write_results
+from harness.servers import free_port
 
 __all__ = ["BENCH_DIR", "machine_info", "main", "run_suite", "spread_figure"]
 
@@ -128,12 +129,6 @@ def _toml(data: dict[str, dict[str, Any]]) -> str:
         out += [f"{k} = {toml_value(v)}" for k, v in values.items()]
         out.append("")
     return "\n".join(out)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -477,7 +472,7 @@ def ingest_run(tmp: Path, srv: Servers, n_racks: int, mult: int, duration_s: flo
 
 def start_cdu_sim(tmp: Path) -> tuple[Child, int]:
     """The CDU simulator's Modbus face (healthy-24h, no MQTT); returns it and its port."""
-    port = _free_port()
+    port = free_port()
     exe = _which("rack-sim")
     child = spawn([*([exe] if exe else [sys.executable, "-m", "sims"]), "run", "--scenario",
         "healthy-24h",

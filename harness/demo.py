@@ -19,7 +19,6 @@ import json
 import math
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from harness.servers import free_port
 from rackplane.clock import SYSTEM_CLOCK
 from rackplane.config import toml_value
 from rackplane.io.mqtt import Message, MqttLink
@@ -42,12 +42,6 @@ from sims.scenario import Scenario, load_scenario
 
 BAND_K = 0.5  # REFERENCE §5 S1: back within ±0.5 K
 SPARK = "▁▂▃▄▅▆▇█"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

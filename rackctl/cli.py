@@ -207,20 +207,20 @@ def main() -> None:
 
 
 def _lazy_main(module: str) -> Any:
-    """``rackctl.<module>.main``, imported only when its command runs (the CLI works without
+    """``harness.<module>.main``, imported only when its command runs (the CLI works without
     it). A missing module or ``main`` is a clear error, exit 2."""
     import importlib
 
     try:
-        mod = importlib.import_module(f"rackctl.{module}")
+        mod = importlib.import_module(f"harness.{module}")
     except ModuleNotFoundError as err:
-        if err.name != f"rackctl.{module}":
+        if err.name != f"harness.{module}":
             raise  # a dependency of the module is missing: show the real error
-        _fail(f"rackctl.{module} is not installed in this build (no module {err.name})",
+        _fail(f"harness.{module} is not installed in this build (no module {err.name})",
               EXIT_USAGE)
     fn = getattr(mod, "main", None)
     if not callable(fn):
-        _fail(f"rackctl.{module} has no main()", EXIT_USAGE)
+        _fail(f"harness.{module} has no main()", EXIT_USAGE)
     return fn
 
 

@@ -122,7 +122,7 @@ class SetBudgetArgs(CommandArgs):
 
 
 class SetLifecycleArgs(CommandArgs):
-    """``set_lifecycle``: production <-> maintenance, quarantine (racky/core/lifecycle.py)."""
+    """``set_lifecycle``: production <-> maintenance, quarantine (racky/lifecycle.py)."""
 
     state: Literal["provisioning", "validating", "production", "maintenance", "quarantined"]
     reason: str = Reason
@@ -164,7 +164,7 @@ class RackPowerState(StrictModel):
 
 class RackState(BaseModel):
     """``racky/state/rack`` (retained): lifecycle, limits and caps, redundancy, trays,
-    validation, link and thermal summaries (racky.core.controller.RackyCore.state)."""
+    validation, link and thermal summaries (racky.core.RackyCore.state)."""
 
     lifecycle: dict[str, Any]
     rack_power_w: float | None

@@ -1,7 +1,10 @@
 """Shared test configuration: the real-server fixtures live in tests/servers.py
 (launcher: harness/servers.py)."""
 
+import asyncio
 import gc
+import inspect
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -15,3 +18,31 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     loop-lag test (BR-24 d) would otherwise measure as its own lag."""
     gc.collect()
     gc.freeze()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every async test checks that it leaks no task (pymodbus' system-health fixture)."""
+    for item in items:
+        fn = getattr(item, "function", None)
+        if fn is not None and inspect.iscoroutinefunction(fn):
+            item.fixturenames.insert(0, "no_leaked_tasks")
+
+
+@pytest.fixture
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail an async test that leaves a task of its own running after its fixtures are torn
+    down (a daemon or link not stopped, a fire-and-forget task without an owner). Tasks get
+    up to 1 s to finish the cancellation they were given."""
+    before = set(asyncio.all_tasks())
+    yield
+    me = asyncio.current_task()
+    leaked: set[asyncio.Task[object]] = set()
+    for _ in range(20):
+        leaked = {t for t in asyncio.all_tasks() - before if t is not me and not t.done()}
+        if not leaked:
+            return
+        await asyncio.sleep(0.05)
+    names = sorted(f"{t.get_name()} ({t.get_coro()!r:.80})" for t in leaked)
+    for t in leaked:
+        t.cancel()
+    pytest.fail(f"the test leaked {len(leaked)} running task(s): {names}")

@@ -354,7 +354,7 @@ class SafetyState(BaseModel):
 
 class HealthState(BaseModel):
     """``valvey/state/health`` (retained): the daemon's own health; ``self`` holds the
-    self-metrics (`rackplane.io.selfmetrics.SelfMetricsSnapshot` fields; empty before the first
+    self-metrics (`rackplane.selfmetrics.SelfMetricsSnapshot` fields; empty before the first
     refresh)."""
 
     uptime_s: float

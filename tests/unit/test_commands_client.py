@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 import structlog
 from typer.testing import CliRunner
 
+from harness.servers import free_port
 from rackctl.cli import app
 from rackctl.client import (
     ClientSettings,
@@ -41,9 +41,7 @@ def restore_logging() -> Iterator[None]:
 
 
 def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()  # free now, nothing listening: connections are refused
 
 
 def test_settings_precedence_flags_env_file_defaults(tmp_path: Path) -> None:
