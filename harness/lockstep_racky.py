@@ -5,7 +5,8 @@ Each 1 Hz tick: the power shelves' register values become `Sample` s (rounded to
 resolution, as racky's Modbus adapter would deliver them), the node agents' state and the link
 fabric become `racky.core.telemetry.TrayReading` s and the rack's
 `racky.core.telemetry.LinkFrame` (the columns of the ``telemetry/trayNN`` messages, built
-from the simulator's arrays instead of JSON; ``via_payloads=True`` goes through the JSON payloads and racky's parser instead), the
+from the simulator's arrays instead of JSON; ``via_payloads=True`` goes through the JSON payloads
+and racky's parser instead), the
 CDU's readings become the cooling state valvey would publish; `racky.core.controller.RackyCore.step`
 decides; its ``set_power_limits`` commands are applied to the node agents exactly as the
 simulator's command handler applies them; the plant advances to the next tick in

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
+from rackplane.commands import CommandAudit, CommandRouter, LeaseGate
 from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.core.alarms import AlarmEvent
-from rackplane.commands import CommandAudit, CommandRouter, LeaseGate
 from rackplane.core.leases import LeaseTable
 from rackplane.core.registers import RegisterMap, load_register_map
 from rackplane.core.samples import Quality, Sample

@@ -2,8 +2,9 @@
 detector. Pure: no clock, no I/O; every call gets the monotonic time in seconds.
 
 Shared by valvey and racky. Condition producers (detectors, loop cores) decide *whether* a
-condition is true, including hysteresis (`ThresholdDetector`); the engine decides *what the
-operator sees*: delays, latching, acknowledgement, shelving and the start-up inhibit.
+condition is true, including hysteresis (`rackplane.core.detect.threshold.ThresholdDetector`);
+the engine decides *what the operator sees*: delays, latching, acknowledgement, shelving and
+the start-up inhibit.
 
 Lifecycle of one alarm (ISA-18.2 simplified)::
 
@@ -452,70 +453,3 @@ class AlarmEngine:
         st.phase, st.acked, st.acked_by, st.raised_t = "normal", False, None, None
         if st.shelved_until is None:
             events.append(self._event(d, st, "cleared", now))
-
-
-class ThresholdDetector:
-    """Turns a value stream into a debounced bool: True at ``value >= high`` held for
-    ``on_delay_s``; False again at ``value < high − hysteresis`` held for ``off_delay_s``.
-
-    REFERENCE §8 / §3.4 (Coolcentric): supply-temperature deviation warns at ±2 °C for
-    >= 120 s and clears with 1 °C hysteresis, i.e.
-    ``ThresholdDetector(high=2.0, hysteresis=1.0, on_delay_s=120.0)`` fed with
-    ``abs(supply_temp_c − setpoint_c)``. For a low limit, feed the shortfall
-    (``limit − value``) or the negated value.
-
-    A missing or non-finite value (None, NaN) is "no information": the output holds and any
-    pending transition restarts (a transition needs continuous valid evidence).
-    """
-
-    def __init__(
-        self, high: float, hysteresis: float, on_delay_s: float = 0.0, off_delay_s: float = 0.0
-    ):
-        checks = (("high", high), ("hysteresis", hysteresis), ("on_delay_s", on_delay_s),
-                  ("off_delay_s", off_delay_s))
-        for name, v in checks:
-            if not math.isfinite(v):
-                raise ValueError(f"{name} must be finite")
-        if hysteresis < 0 or on_delay_s < 0 or off_delay_s < 0:
-            raise ValueError("hysteresis and delays must be >= 0")
-        self.high = float(high)
-        self.hysteresis = float(hysteresis)
-        self.on_delay_s = float(on_delay_s)
-        self.off_delay_s = float(off_delay_s)
-        self._raw = False
-        self._out = False
-        self._pending_since: float | None = None
-        self._last_t: float | None = None
-
-    @property
-    def state(self) -> bool:
-        """The debounced output."""
-        return self._out
-
-    def update(self, now_mono: float, value: float | None) -> bool:
-        """Feed one value at monotonic time ``now_mono`` [s]; returns the debounced state.
-
-        Raises:
-            ValueError: time not finite or going backwards.
-        """
-        now = _check_time("now_mono", now_mono)
-        if self._last_t is not None and now < self._last_t:
-            raise ValueError(f"monotonic time went backwards: {now} < {self._last_t}")
-        self._last_t = now
-        if value is None or not math.isfinite(value):
-            self._pending_since = None
-            return self._out
-        if value >= self.high:
-            self._raw = True
-        elif value < self.high - self.hysteresis:
-            self._raw = False
-        if self._raw == self._out:
-            self._pending_since = None
-            return self._out
-        if self._pending_since is None:
-            self._pending_since = now
-        delay = self.on_delay_s if self._raw else self.off_delay_s
-        if now - self._pending_since >= delay:
-            self._out = self._raw
-            self._pending_since = None
-        return self._out

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rackplane.config import validate_data
-from rackplane.core.alarms import AlarmDef, AlarmEngine, AlarmEvent, ThresholdDetector
+from rackplane.core.alarms import AlarmDef, AlarmEngine, AlarmEvent
+from rackplane.core.detect.threshold import ThresholdDetector
 from rackplane.errors import CommandError, ConfigError
 
 T0 = 1000.0

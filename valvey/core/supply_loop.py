@@ -49,7 +49,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rackplane.config import StrictModel
-from rackplane.core.alarms import AlarmDef, ThresholdDetector
+from rackplane.core.alarms import AlarmDef
+from rackplane.core.detect.threshold import ThresholdDetector
 from rackplane.core.pid import PidLoop, PidOutput, PidSettings
 from rackplane.core.samples import Quality, Sample, slots_constructor
 from rackplane.errors import CommandError

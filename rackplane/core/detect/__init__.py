@@ -32,7 +32,7 @@ from rackplane.core.detect.change import (
 )
 from rackplane.core.detect.counters import CounterDeltas, CounterStatus, CounterStep
 from rackplane.core.detect.flap import EventWindow, FlapScore, WindowCountRule
-from rackplane.core.detect.threshold import VectorThreshold
+from rackplane.core.detect.threshold import ThresholdDetector, VectorThreshold
 from rackplane.core.detect.trend import RateOfRise, time_to_limit
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "PoissonEwma",
     "RateFor",
     "RateOfRise",
+    "ThresholdDetector",
     "VectorThreshold",
     "WindowCountRule",
     "WindowSum",

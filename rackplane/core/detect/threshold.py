@@ -1,5 +1,5 @@
-"""Threshold with on/off delay and hysteresis, vectorised (the array form of
-`rackplane.core.alarms.ThresholdDetector`).
+"""Threshold with on/off delay and hysteresis: the one rule, in a scalar form
+(`ThresholdDetector`) and a vectorised form (`VectorThreshold`).
 
 REFERENCE §8 / §3.4 examples: supply-temperature deviation warns at ±2 °C for >= 120 s and
 clears with 1 °C hysteresis (Coolcentric); a GPU's T.Limit margin below the slowdown offset is
@@ -9,6 +9,7 @@ DOWN for >= 4 min (``VectorThreshold(n, 0.5, 0.0, on_delay_s=240)`` fed 1.0 whil
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import numpy as np
@@ -22,6 +23,77 @@ from rackplane.core.detect._util import (
     values,
 )
 
+__all__ = ["ThresholdDetector", "VectorThreshold"]
+
+
+class ThresholdDetector:
+    """Turns a value stream into a debounced bool: True at ``value >= high`` held for
+    ``on_delay_s``; False again at ``value < high − hysteresis`` held for ``off_delay_s``.
+
+    REFERENCE §8 / §3.4 (Coolcentric): supply-temperature deviation warns at ±2 °C for
+    >= 120 s and clears with 1 °C hysteresis, i.e.
+    ``ThresholdDetector(high=2.0, hysteresis=1.0, on_delay_s=120.0)`` fed with
+    ``abs(supply_temp_c − setpoint_c)``. For a low limit, feed the shortfall
+    (``limit − value``) or the negated value.
+
+    A missing or non-finite value (None, NaN) is "no information": the output holds and any
+    pending transition restarts (a transition needs continuous valid evidence).
+
+    The scalar form of `VectorThreshold` (``direction="above"``) with the same rule, for the
+    per-tick callers where a numpy call per update would cost more than the rule itself;
+    tests/unit/test_detect_threshold_forms.py proves the two forms give the same outputs.
+    """
+
+    def __init__(
+        self, high: float, hysteresis: float, on_delay_s: float = 0.0, off_delay_s: float = 0.0
+    ):
+        checks = (("high", high), ("hysteresis", hysteresis), ("on_delay_s", on_delay_s),
+                  ("off_delay_s", off_delay_s))
+        for name, v in checks:
+            if not math.isfinite(v):
+                raise ValueError(f"{name} must be finite")
+        if hysteresis < 0 or on_delay_s < 0 or off_delay_s < 0:
+            raise ValueError("hysteresis and delays must be >= 0")
+        self.high = float(high)
+        self.hysteresis = float(hysteresis)
+        self.on_delay_s = float(on_delay_s)
+        self.off_delay_s = float(off_delay_s)
+        self._raw = False
+        self._out = False
+        self._pending_since: float | None = None
+        self._last_t: float | None = None
+
+    @property
+    def state(self) -> bool:
+        """The debounced output."""
+        return self._out
+
+    def update(self, now_mono: float, value: float | None) -> bool:
+        """Feed one value at monotonic time ``now_mono`` [s]; returns the debounced state.
+
+        Raises:
+            ValueError: time not finite or going backwards.
+        """
+        now = check_time("now_mono", now_mono, self._last_t)
+        self._last_t = now
+        if value is None or not math.isfinite(value):
+            self._pending_since = None
+            return self._out
+        if value >= self.high:
+            self._raw = True
+        elif value < self.high - self.hysteresis:
+            self._raw = False
+        if self._raw == self._out:
+            self._pending_since = None
+            return self._out
+        if self._pending_since is None:
+            self._pending_since = now
+        delay = self.on_delay_s if self._raw else self.off_delay_s
+        if now - self._pending_since >= delay:
+            self._out = self._raw
+            self._pending_since = None
+        return self._out
+
 
 class VectorThreshold:
     """``n`` debounced threshold detectors advanced together.
@@ -31,7 +103,7 @@ class VectorThreshold:
     hysteresis``. The output follows the raw state once it has held for ``on_delay_s``
     (to True) or ``off_delay_s`` (to False). A NaN value is "no information": the output holds
     and a pending change restarts (a change needs continuous valid evidence), as in
-    `rackplane.core.alarms.ThresholdDetector`.
+    `ThresholdDetector`.
 
     Args:
         n: elements.
