@@ -2,12 +2,12 @@
 
 Everything is measured side by side in one run on this machine, each figure from repeated runs
 (median, with the spread min..max in ``detail``); absolute times are context, the ratios and
-the targets are the point. The daemons run as subprocesses (``bench/daemon_child.py``: their
-console-script path `rackplane.io.service.run_daemon`, plus counters they do not publish) against
-private Mosquitto and VictoriaMetrics servers (`harness.servers`); the node-agent load comes from
-the simulators (``bench/loadgen.py``: `sims.row.VirtualRack` + `sims.telemetry.tray_payloads`);
-the bare-library baselines live in ``bench/`` (DESIGN §1: the only other importers of aiomqtt,
-pymodbus and influxdb-client).
+the targets are the point. The daemons run as subprocesses (``harness.benchkids.daemon_child``:
+their console-script path `rackplane.io.service.run_daemon`, plus counters they do not publish)
+against private Mosquitto and VictoriaMetrics servers (`harness.servers`); the node-agent load
+comes from the simulators (``harness.benchkids.loadgen``: `sims.row.VirtualRack` +
+`sims.telemetry.tray_payloads`); the bare-library baselines live in ``harness.benchkids``
+(DESIGN §1: the only other importers of aiomqtt, pymodbus and influxdb-client).
 
 =====================================  ==========================================================
 figure (``bench.*``)                   how
@@ -56,10 +56,8 @@ from typing import Any
 from harness.figures import Comparison, Figure, Progress, no_progress, write_results
 from harness.servers import free_port
 
-__all__ = ["BENCH_DIR", "machine_info", "main", "run_suite", "spread_figure"]
+__all__ = ["machine_info", "main", "run_suite", "spread_figure"]
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH_DIR = REPO / "bench"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -149,32 +147,24 @@ class Servers:
 
 
 def start_servers(tmp: Path) -> Servers:
-    """Start the servers with `harness.servers` (a checkout is needed: the suite runs from it).
+    """Start private Mosquitto and VictoriaMetrics with `harness.servers` (no pytest, no
+    checkout needed).
 
     Raises:
         RuntimeError: a binary is missing (``make servers`` installs them) or did not start.
     """
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    try:
-        from harness.servers import start_mosquitto, start_victoria
-    except ImportError as err:
-        raise RuntimeError(f"harness/servers.py not importable (run from a checkout): {err}") \
-            from None
+    from harness.servers import ServerMissing, start_mosquitto, start_victoria
+
     (tmp / "mosquitto").mkdir(parents=True, exist_ok=True)
     (tmp / "victoria").mkdir(parents=True, exist_ok=True)
     try:
         mq = start_mosquitto(tmp / "mosquitto")
-    except BaseException as err:  # pytest.skip / pytest.fail raise BaseException subclasses
-        if isinstance(err, KeyboardInterrupt):
-            raise
+    except (ServerMissing, OSError, TimeoutError, subprocess.SubprocessError) as err:
         raise RuntimeError(f"Mosquitto: {err}") from None
     try:
         vm = start_victoria(tmp / "victoria")
-    except BaseException as err:
+    except (ServerMissing, OSError, TimeoutError, subprocess.SubprocessError) as err:
         mq.stop()
-        if isinstance(err, KeyboardInterrupt):
-            raise
         raise RuntimeError(f"VictoriaMetrics: {err}") from None
     return Servers(mq, vm)
 
@@ -213,16 +203,14 @@ class Child:
 def spawn(argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> Child:
     fh = log.open("ab")
     proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})}, cwd=str(REPO))
+                            env={**os.environ, **(env or {})})
     fh.close()
     return Child(proc, log)
 
 
-def _bench_script(name: str) -> str:
-    path = BENCH_DIR / name
-    if not path.is_file():
-        raise RuntimeError(f"{path} missing: run rackctl bench from a checkout")
-    return str(path)
+def _bench_script(name: str) -> list[str]:
+    """The argv prefix that runs child ``harness.benchkids.<name>`` with this interpreter."""
+    return ["-m", f"harness.benchkids.{name.removesuffix('.py')}"]
 
 
 def _wait_file(path: Path, timeout_s: float, child: Child | None = None) -> bool:
@@ -370,13 +358,13 @@ def racky_config(tmp: Path, srv: Servers, rack: int, *, tsdb: bool = True) -> Pa
 
 def start_racky(tmp: Path, srv: Servers, rack: int, tag: str, *, tsdb: bool = True,
                 env: dict[str, str] | None = None) -> tuple[Child, Path]:
-    """racky for rack ``rack`` through ``bench/daemon_child.py``; returns it and its stats file
-    (written when it stops)."""
+    """racky for rack ``rack`` through ``harness.benchkids.daemon_child``; returns it and its
+    stats file (written when it stops)."""
     cfg = racky_config(tmp, srv, rack, tsdb=tsdb)
     stats = tmp / f"racky{rack}-{tag}.json"
     stats.unlink(missing_ok=True)
     Path(str(stats) + ".subscribed").unlink(missing_ok=True)
-    child = spawn([sys.executable, _bench_script("daemon_child.py"), "racky", str(cfg),
+    child = spawn([sys.executable, *_bench_script("daemon_child.py"), "racky", str(cfg),
                    str(stats)], tmp / f"racky{rack}-{tag}.log", env)
     return child, stats
 
@@ -428,7 +416,7 @@ def ingest_run(tmp: Path, srv: Servers, n_racks: int, mult: int, duration_s: flo
         out = tmp / f"loadgen-{tag}.json"
         out.unlink(missing_ok=True)
         host, port = srv.mqtt
-        gen = spawn([sys.executable, _bench_script("loadgen.py"), "rate", host, str(port),
+        gen = spawn([sys.executable, *_bench_script("loadgen.py"), "rate", host, str(port),
                      str(n_racks), str(mult), str(duration_s), str(out)],
                     tmp / f"loadgen-{tag}.log")
         # the generator builds its payloads first; measure CPU from its first publish
@@ -510,7 +498,7 @@ def start_valvey(tmp: Path, srv: Servers, modbus_port: int, tag: str) -> tuple[C
     }))
     stats = tmp / f"valvey-{tag}.json"
     stats.unlink(missing_ok=True)
-    child = spawn([sys.executable, _bench_script("daemon_child.py"), "valvey", str(cfg),
+    child = spawn([sys.executable, *_bench_script("daemon_child.py"), "valvey", str(cfg),
                    str(stats)], tmp / f"valvey-{tag}.log")
     return child, stats
 
@@ -654,7 +642,7 @@ def section_receive(ctx: Context) -> list[Figure]:
     for i in range(reps):
         rk, rstats = start_racky(tmp, srv, 1, f"recv{i}", tsdb=False)
         bare_out = tmp / f"bare{i}.json"
-        bare = spawn([sys.executable, _bench_script("bare_sub.py"), host, str(port),
+        bare = spawn([sys.executable, *_bench_script("bare_sub.py"), host, str(port),
                       "rackplane/lab/rack1/sim/telemetry/+", "3", str(bare_out)],
                      tmp / f"bare{i}.log")
         try:
@@ -662,7 +650,7 @@ def section_receive(ctx: Context) -> list[Figure]:
                 raise RuntimeError(f"bare subscriber did not start: {bare.tail()}")
             _wait_subscribed([(rk, rstats)])
             gen_out = tmp / f"flood{i}.json"
-            gen = spawn([sys.executable, _bench_script("loadgen.py"), "flood", host, str(port),
+            gen = spawn([sys.executable, *_bench_script("loadgen.py"), "flood", host, str(port),
                          str(count), str(gen_out)], tmp / f"flood{i}.log")
             gen.proc.wait(300)
             _wait_file(bare_out, 120, bare)
@@ -777,7 +765,7 @@ def section_modbus(ctx: Context) -> list[Figure]:
             order = ("rackplane", "raw") if i % 2 == 0 else ("raw", "rackplane")
             for mode in order:
                 out = tmp / f"modbus-{mode}-{i}.json"
-                child = spawn([sys.executable, _bench_script("modbus_poll.py"), mode,
+                child = spawn([sys.executable, *_bench_script("modbus_poll.py"), mode,
                                "127.0.0.1", str(port), str(seconds), str(out)],
                               tmp / f"modbus-{mode}.log")
                 child.proc.wait(seconds + 60)
@@ -812,7 +800,7 @@ def section_tsdb(ctx: Context) -> list[Figure]:
     for i in range(reps):
         for mode in ("spool", "raw"):
             out = tmp / f"tsdb-{mode}-{i}.json"
-            child = spawn([sys.executable, _bench_script("tsdb_write.py"), mode,
+            child = spawn([sys.executable, *_bench_script("tsdb_write.py"), mode,
                            ctx.srv.victoria.url, str(n), str(tmp / f"tsdb-spool-{i}"),
                            f"{mode}{i}", str(out)], tmp / f"tsdb-{mode}.log")
             child.proc.wait(600)

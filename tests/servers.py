@@ -31,17 +31,21 @@ def require_binary(name: str, package: str) -> str:
         raise
 
 
-def start_mosquitto(tmp: Path, **kw: object) -> Mosquitto:
+def start_mosquitto(tmp: Path, extra_conf: str = "") -> Mosquitto:
+    """`harness.servers.start_mosquitto`, skipping (developer) or failing (CI=true) when
+    Mosquitto is missing."""
     try:
-        return _servers.start_mosquitto(tmp, **kw)  # type: ignore[arg-type]
+        return _servers.start_mosquitto(tmp, extra_conf)
     except ServerMissing as err:
         _missing(err)
         raise
 
 
-def start_victoria(tmp: Path, **kw: object) -> VictoriaMetrics:
+def start_victoria(tmp: Path) -> VictoriaMetrics:
+    """`harness.servers.start_victoria`, skipping (developer) or failing (CI=true) when
+    VictoriaMetrics is missing."""
     try:
-        return _servers.start_victoria(tmp, **kw)  # type: ignore[arg-type]
+        return _servers.start_victoria(tmp)
     except ServerMissing as err:
         _missing(err)
         raise

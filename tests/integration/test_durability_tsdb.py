@@ -3,7 +3,7 @@ while VictoriaMetrics is down, then it returns: 0 points lost, none twice; the s
 the drain are visible in the writer's stats (what state/health and /metrics show).
 
 100,000 points is ~28 h of valvey's supply-loop telemetry (one pid line a second) or ~4 min
-of a 400-line/s racky. Drain rate is printed (measured, not asserted: bench/ owns speed).
+of a 400-line/s racky. Drain rate is printed (measured, not asserted: the benchmarks own speed).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ scenario.py, telemetry.py). Everything here is pure and runs in lock-step; the r
 are tests/adapters/test_sim_faces.py.
 
 Bounds are the model's own figures (REFERENCE §1.2, §1.6, §4) or stated allowances; no timing
-targets (speed lives in bench/).
+targets (speed lives in the benchmarks, harness/bench.py).
 """
 
 from __future__ import annotations

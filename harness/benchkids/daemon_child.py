@@ -1,7 +1,7 @@
 """Run racky or valvey exactly as their console scripts do (`rackplane.io.service.run_daemon`), with
 counters the benchmarks need and the daemons do not publish, written as JSON at exit.
 
-Usage: ``python bench/daemon_child.py racky|valvey CONFIG STATS_JSON``
+Usage: ``python -m harness.benchkids.daemon_child racky|valvey CONFIG STATS_JSON``
 
 * racky: every tray payload handed to ``TelemetryIngest.tray_payload`` is counted (first and
   last monotonic time), so the benchmark can compare what it published with what racky parsed.

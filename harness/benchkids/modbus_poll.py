@@ -2,7 +2,7 @@
 10 Hz, every reply decoded into Samples) and the raw pymodbus client reading the same blocks
 (`ModbusDevice.read_plan`) at the same rate.
 
-Usage: ``python bench/modbus_poll.py rackplane|raw HOST PORT SECONDS OUT_JSON`` — writes
+Usage: ``python -m harness.benchkids.modbus_poll rackplane|raw HOST PORT SECONDS OUT_JSON`` — writes
 ``{polls, cpu_s, cpu_s_per_poll, polls_per_s}`` (process CPU over the polling window). The raw
 poller decodes every register point with pymodbus's ``convert_from_registers`` and its scale,
 as a user of the bare client would; rackplane's adds quality, ranges and sentinels.

@@ -1,7 +1,7 @@
 """The TSDB write benchmark's two writers: rackplane's `TelemetryWriter` (through the disk
 spool) and the raw influxdb-client batch write API, the same points to the same server.
 
-Usage: ``python bench/tsdb_write.py spool|raw URL N SPOOL_DIR TAG OUT_JSON`` — writes N
+Usage: ``python -m harness.benchkids.tsdb_write spool|raw URL N SPOOL_DIR TAG OUT_JSON`` — writes N
 points (measurement ``bench``, tags site/row/rack/device, 6 float fields), waits until the
 server accepted all of them, and writes ``{points, wall_s, points_per_s}``.
 """

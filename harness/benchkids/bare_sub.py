@@ -1,8 +1,8 @@
 """The bare-subscriber baseline of the receive-path benchmark: aiomqtt over MQTT v5 (as racky
 by default), one subscription, every message counted and discarded.
 
-Usage: ``python bench/bare_sub.py HOST PORT FILTER IDLE_S OUT_JSON`` — exits ``IDLE_S`` after
-the last message (or on SIGTERM) and writes ``{received, first_mono, last_mono}``.
+Usage: ``python -m harness.benchkids.bare_sub HOST PORT FILTER IDLE_S OUT_JSON`` — exits
+``IDLE_S`` after the last message (or on SIGTERM) and writes ``{received, first_mono, last_mono}``.
 """
 
 from __future__ import annotations
