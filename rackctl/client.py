@@ -45,8 +45,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
-from rackplane.config import StrictModel, read_toml, validate_data
 from rackplane.commands import REQUEST_ID_PATTERN
+from rackplane.config import StrictModel, read_toml, validate_data
 from rackplane.errors import ConfigError
 from rackplane.io.mqtt import Handler, Message, MqttLink, Topics, encode_json
 from rackplane.settings import Identity, MqttSettings, TlsSettings

@@ -22,8 +22,8 @@ import pytest
 
 from harness.servers import Mosquitto
 from rackplane.clock import SystemClock
-from rackplane.config import validate_data
 from rackplane.commands import CommandReply
+from rackplane.config import validate_data
 from rackplane.core.registers import load_register_map
 from rackplane.core.samples import Quality, Sample
 from rackplane.io.modbus import ModbusDevice

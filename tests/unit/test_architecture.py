@@ -60,8 +60,8 @@ def _importers(prefix: str) -> set[str]:
 
 
 @pytest.mark.parametrize(("library", "allowed"), [
-    ("aiomqtt", {"rackplane/io/mqtt.py"}),
-    ("paho", {"rackplane/io/mqtt.py"}),
+    ("aiomqtt", {"rackplane/io/mqtt/link.py"}),
+    ("paho", {"rackplane/io/mqtt/link.py"}),
     ("pymodbus", {"rackplane/io/modbus.py", "sims/modbus_face.py"}),
     ("influxdb_client", {"rackplane/io/tsdb.py"}),
     ("simple_pid", {"rackplane/core/pid.py"}),
@@ -136,7 +136,7 @@ def test_dependency_rules() -> None:
     ("valvey/app.py", "tests.servers"),
     ("valvey/app.py", "racky.core.controller"),
     ("racky/app.py", "sims.scenario"),
-    ("rackplane/io/mqtt.py", "valvey.config"),
+    ("rackplane/io/mqtt/link.py", "valvey.config"),
     ("rackctl/client.py", "harness.servers"),
     ("sims/telemetry.py", "racky.core.telemetry"),
 ])

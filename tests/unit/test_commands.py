@@ -21,8 +21,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rackplane.clock import FakeClock
-from rackplane.config import validate_data
-from rackplane.core.alarms import AlarmEvent
 from rackplane.commands import (
     ROLE_RANK,
     ROUTER_CODES,
@@ -38,6 +36,8 @@ from rackplane.commands import (
     schema_documents,
     stale_schemas,
 )
+from rackplane.config import validate_data
+from rackplane.core.alarms import AlarmEvent
 from rackplane.core.leases import LeaseTable
 from rackplane.core.samples import good
 from rackplane.errors import CommandError, ConfigError
