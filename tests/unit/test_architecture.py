@@ -74,6 +74,14 @@ def test_each_library_has_one_adapter(library: str, allowed: set[str]) -> None:
     assert _importers(library) <= allowed
 
 
+def test_command_router_is_independent_of_the_mqtt_adapter() -> None:
+    """The command path (rackplane/commands/) reaches the broker only through its
+    `CommandTransport`: it imports no adapter and no MQTT library."""
+    bad = {m: sorted(n for n in names if n.startswith(("rackplane.io", "aiomqtt", "paho")))
+           for m, names in MODULES.items() if m.startswith("rackplane/commands/")}
+    assert bad and all(v == [] for v in bad.values()), bad
+
+
 # --- dependency rules (DESIGN §2) ---------------------------------------------------------------
 
 DAEMONS = ("valvey", "racky")

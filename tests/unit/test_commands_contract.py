@@ -1,7 +1,8 @@
 """The MQTT contract as files: the JSON Schemas shipped in rackplane/schemas and sims/schemas
 and the rendering docs/COMMANDS.md are generated from the models (``rackctl schemas --write
 --docs docs/COMMANDS.md``) and fail here when stale; rackctl writes only where it is told;
-the published payloads (status, alarm, state/leases) match their schemas. DESIGN §3 ("Every payload has a JSON Schema shipped with the package")."""
+the published payloads (status, alarm, state/leases) match their schemas.
+DESIGN §3 ("Every payload has a JSON Schema shipped with the package")."""
 
 from __future__ import annotations
 
