@@ -63,7 +63,7 @@ def _importers(prefix: str) -> set[str]:
     ("aiomqtt", {"rackplane/io/mqtt/link.py"}),
     ("paho", {"rackplane/io/mqtt/link.py"}),
     ("pymodbus", {"rackplane/io/modbus.py", "sims/modbus_face.py"}),
-    ("influxdb_client", {"rackplane/io/tsdb.py"}),
+    ("influxdb_client", {"rackplane/io/tsdb/influx.py"}),
     ("simple_pid", {"rackplane/core/pid.py"}),
     ("prometheus_client", {"rackplane/io/selfmetrics.py"}),
     ("serial", {"rackplane/io/modbus.py"}),
