@@ -62,11 +62,11 @@ def _importers(prefix: str) -> set[str]:
 @pytest.mark.parametrize(("library", "allowed"), [
     ("aiomqtt", {"rackplane/io/mqtt/link.py"}),
     ("paho", {"rackplane/io/mqtt/link.py"}),
-    ("pymodbus", {"rackplane/io/modbus.py", "sims/modbus_face.py"}),
+    ("pymodbus", {"rackplane/io/modbus/client.py", "sims/modbus_face.py"}),
     ("influxdb_client", {"rackplane/io/tsdb/influx.py"}),
     ("simple_pid", {"rackplane/core/pid.py"}),
     ("prometheus_client", {"rackplane/io/selfmetrics.py"}),
-    ("serial", {"rackplane/io/modbus.py"}),
+    ("serial", {"rackplane/io/modbus/client.py"}),
     ("msgspec", {"rackplane/core/tray_contract.py"}),
     ("orjson", set()),  # replaced by msgspec (one library for one job)
 ])

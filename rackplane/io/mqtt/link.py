@@ -202,7 +202,7 @@ class MqttLink(_Queues):
         self.topics = Topics(settings.topic_root, identity, daemon)
         self.client_id = settings.client_id or f"{daemon}-{identity.site}-{identity.rack}"
         self._clock = clock
-        self._log = log if log is not None else get_logger(__name__, daemon=daemon)
+        self._log = log if log is not None else get_logger("rackplane.io.mqtt", daemon=daemon)
         self._password = secret_from_env(settings.password_env)
         self._stats = MqttStats()
         self._rng = random.Random()
