@@ -148,17 +148,42 @@ def _one_line(err: Exception) -> str:
     return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def lockstep(
-    scenario: Annotated[
-        str, typer.Argument(help="bundled scenario name or TOML path")
+    ctx: typer.Context,
+    scenario: Annotated[str, typer.Argument(
+        help="valvey: bundled scenario name or TOML path; racky: run | validate (its options "
+        "follow, e.g. `run flapping-link --duration 600`, `validate --stage rack --out DIR`)")
     ] = "load-step",
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="valvey config")] = None,
+    daemon: Annotated[str, typer.Option(
+        "--daemon", "-d", help="whose core runs in lock-step: valvey or racky")] = "valvey",
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="valvey config (valvey only)")] = None,
 ) -> None:
-    """Run a scenario with valvey's core in lock-step (no sockets) and print its figures: the
-    scenario report's (`harness.lockstep_valvey.figures`: errors on the plant's true supply
-    temperature, valve activity on the commands written) and the step errors on the measured
-    PV (sensor noise and lag included)."""
+    """Run a daemon's scenarios in lock-step with the simulators (no sockets) and print the
+    figures. valvey: the scenario report's figures (`harness.lockstep_valvey.figures`) and
+    the step errors on the measured PV. racky: `harness.lockstep_racky` ``run SCENARIO``
+    (summary), ``validate --stage node|rack|multi-rack --out DIR`` (exit 1 when it fails)."""
+    if daemon == "racky":
+        if config is not None:
+            _fail("--config is valvey's; racky's lock-step runs take their own options",
+                  EXIT_USAGE)
+        from harness.lockstep_racky import main as racky_main
+
+        try:
+            code = racky_main([scenario, *ctx.args])
+        except ConfigError as err:
+            fail_config(err)
+            return
+        raise typer.Exit(code)
+    if daemon != "valvey":
+        _fail(f"--daemon {daemon!r}: expected valvey or racky", EXIT_USAGE)
+    if ctx.args:
+        _fail(f"unexpected arguments for valvey: {' '.join(ctx.args)}", EXIT_USAGE)
+    _lockstep_valvey(scenario, config)
+
+
+def _lockstep_valvey(scenario: str, config: Path | None) -> None:
     from harness.lockstep_valvey import figures as report_figures
     from harness.lockstep_valvey import run_valvey
     from sims.metrics import step_metrics
@@ -208,13 +233,13 @@ def main() -> None:
 
 def _lazy_main(module: str) -> Any:
     """``harness.<module>.main``, imported only when its command runs (the CLI works without
-    it). A missing module or ``main`` is a clear error, exit 2."""
+    the harness). A missing module or ``main`` is a clear error, exit 2."""
     import importlib
 
     try:
         mod = importlib.import_module(f"harness.{module}")
     except ModuleNotFoundError as err:
-        if err.name != f"harness.{module}":
+        if err.name not in (f"harness.{module}", "harness"):
             raise  # a dependency of the module is missing: show the real error
         _fail(f"harness.{module} is not installed in this build (no module {err.name})",
               EXIT_USAGE)
@@ -544,21 +569,13 @@ async def _sleep_or_forever(duration: float | None) -> None:
 
 # --- the contract: JSON Schemas and docs/COMMANDS.md -------------------------------------------
 
-COMMANDS_MD = Path(__file__).resolve().parents[1] / "docs" / "COMMANDS.md"
-
 
 def daemon_contracts() -> list[Any]:
     """Every daemon's `rackplane.commands.DaemonContract`, for the schemas and the docs.
 
     A daemon package provides ``<daemon>.commands.<daemon>_contract() -> DaemonContract``
-    (verbs with roles, and its ``state/<thing>`` models). Until valvey has one, its verbs
-    are read from a router built with ``register_valvey_commands`` (no sockets opened)."""
+    (verbs with roles, and its ``state/<thing>`` models)."""
     import importlib
-
-    from rackplane.clock import SYSTEM_CLOCK
-    from rackplane.commands import CommandRouter, contract_of
-    from rackplane.io.mqtt import MqttLink
-    from rackplane.settings import CommandSettings, Identity, MqttSettings
 
     out = []
     for daemon in ("valvey", "racky"):
@@ -569,48 +586,74 @@ def daemon_contracts() -> list[Any]:
         provider = getattr(mod, f"{daemon}_contract", None)
         if callable(provider):
             out.append(provider())
-            continue
-        if daemon == "valvey":
-            from valvey.commands import register_valvey_commands
-            from valvey.config import CduPoints, ControlSettings
-            from valvey.core.controller import ValveyCore
-            from valvey.core.supply_loop import SupplyLoopSettings
-
-            link = MqttLink(MqttSettings(), Identity(), "valvey", clock=SYSTEM_CLOCK)
-            router = CommandRouter(link, CommandSettings(), clock=SYSTEM_CLOCK)
-            register_valvey_commands(router, ValveyCore(SupplyLoopSettings(), CduPoints(),
-                                                        ControlSettings(), 0.0))
-            out.append(contract_of(router, summary="The cooling controller "
-                                   "(valvey/commands.py)."))
     return out
+
+
+def shipped_schema_sets(contracts: list[Any]) -> dict[str, tuple[Path, dict[str, str]]]:
+    """Every shipped schema set: package -> (its installed ``schemas`` folder, file name ->
+    text). ``rackplane``: the envelope, reply, payloads and every daemon's verbs and states
+    (`rackplane.commands.schema_documents`); ``sims``: the simulators' payloads."""
+    from rackplane.commands import SCHEMA_DIR, schema_documents
+
+    verb_args = {c.daemon: {v: m for v, (m, _r) in c.verbs.items()} for c in contracts}
+    states = {c.daemon: dict(c.states) for c in contracts}
+    sets = {"rackplane": (SCHEMA_DIR, schema_documents(verb_args, states))}
+    try:
+        from sims import telemetry as sim_telemetry
+    except ModuleNotFoundError:  # a build without the simulators
+        return sets
+    sets["sims"] = (sim_telemetry.SCHEMA_DIR, sim_telemetry.schema_documents())
+    return sets
 
 
 @app.command("schemas")
 def schemas(
-    write: Annotated[bool, typer.Option("--write", help="regenerate the files")] = False,
-    check: Annotated[bool, typer.Option("--check", help="exit 1 if any file is stale")
-                     ] = False,
-    docs: Annotated[Path, typer.Option(help="the rendered contract")] = COMMANDS_MD,
+    write: Annotated[bool, typer.Option(
+        "--write", help="regenerate the schema files (and --docs, if given)")] = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="exit 1 if a schema file (or --docs, if given) is stale")] = False,
+    directory: Annotated[Path | None, typer.Option(
+        "--dir", help="schema root: DIR/rackplane and DIR/sims instead of the installed "
+        "packages' schemas folders")] = None,
+    docs: Annotated[str | None, typer.Option(
+        "--docs", help="the rendered contract (docs/COMMANDS.md): the file --write writes and "
+        "--check compares; '-' is stdout")] = None,
 ) -> None:
-    """The MQTT contract's JSON Schemas (rackplane/schemas) and docs/COMMANDS.md, generated
-    from the models of rackplane and every daemon."""
-    from rackplane.commands import SCHEMA_DIR, render_markdown, stale_schemas, write_schemas
+    """The MQTT contract's JSON Schemas (rackplane/schemas, sims/schemas) generated from the
+    models of rackplane, every daemon and the simulators, written or checked (byte for byte);
+    and its rendering docs/COMMANDS.md. Without --write or --check: the rendering on
+    stdout."""
+    from rackplane.commands import render_markdown
+    from rackplane.schemagen import stale_documents, write_documents
 
+    if write and check:
+        _fail("--write and --check exclude each other", EXIT_USAGE)
     contracts = daemon_contracts()
-    verb_args = {c.daemon: {v: m for v, (m, _r) in c.verbs.items()} for c in contracts}
-    states = {c.daemon: dict(c.states) for c in contracts}
     text = render_markdown(contracts)
+    sets = shipped_schema_sets(contracts)
+
+    def folder(pkg: str, default: Path) -> Path:
+        return default if directory is None else directory / pkg
+
     if write:
-        for p in write_schemas(SCHEMA_DIR, verb_args, states, prune=True):
-            typer.echo(f"wrote {p}")
-        if not docs.exists() or docs.read_text(encoding="utf-8") != text:
-            docs.write_text(text, encoding="utf-8")
-            typer.echo(f"wrote {docs}")
+        for pkg, (default, documents) in sets.items():
+            for p in write_documents(folder(pkg, default), documents, prune=True):
+                typer.echo(f"wrote {p}", err=docs == "-")
+        if docs == "-":
+            typer.echo(text, nl=False)
+        elif docs is not None:
+            path = Path(docs)
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                path.write_text(text, encoding="utf-8")
+                typer.echo(f"wrote {path}")
         raise typer.Exit(EXIT_OK)
     if check:
-        stale = stale_schemas(SCHEMA_DIR, verb_args, states, complete=True)
-        if not docs.exists() or docs.read_text(encoding="utf-8") != text:
-            stale.append(str(docs))
+        stale = [f"{pkg}: {name}" for pkg, (default, documents) in sets.items()
+                 for name in stale_documents(folder(pkg, default), documents, complete=True)]
+        if docs is not None and docs != "-":
+            path = Path(docs)
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                stale.append(str(path))
         for name in stale:
             typer.echo(f"stale: {name}", err=True)
         raise typer.Exit(1 if stale else EXIT_OK)

@@ -31,16 +31,14 @@ indices are 0-based (GPU ``g`` is on tray ``g // 4``; port names are the fabric'
 The node-agent tray contract (`TrayTelemetry`, `AgentTelemetry`, `GpuTelemetry`, `PortBlock`)
 is defined once in `rackplane.core.tray_contract` (racky reads it too) and re-exported here.
 
-``python -m sims.telemetry --write-schemas`` regenerates ``sims/schemas/*.schema.json``;
-``--check-schemas`` exits 1 when one is stale (a test does the same).
+``rackctl schemas --write`` regenerates ``sims/schemas/*.schema.json`` (through the one
+generator, `rackplane.schemagen`); ``rackctl schemas --check`` exits 1 when one is stale (a
+test does the same).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rackplane.commands import CommandArgs
 from rackplane.core.tray_contract import AgentTelemetry, GpuTelemetry, PortBlock, TrayTelemetry
+from rackplane.schemagen import schema_documents_of, stale_documents, write_documents
 from rackplane.settings import Identity
 from sims.row import VirtualRack
 
@@ -77,7 +76,6 @@ __all__ = [
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
 """Where the committed ``sim.*.schema.json`` files live."""
-_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
 def finite_or_none(v: Any) -> float | None:
@@ -569,61 +567,16 @@ def payload_models() -> dict[str, type[BaseModel]]:
 
 
 def schema_documents() -> dict[str, str]:
-    """file name -> JSON Schema text (draft 2020-12, keys sorted, stable)."""
-    out = {}
-    for name, model in _MODELS.items():
-        doc = {
-            "$schema": _DIALECT,
-            "$id": f"urn:rackplane:schema:{name}",
-            **model.model_json_schema(),
-        }
-        out[f"{name}.schema.json"] = json.dumps(doc, indent=2, sort_keys=True,
-                                                ensure_ascii=False) + "\n"
-    return out
+    """file name -> JSON Schema text (`rackplane.schemagen.schema_text`: draft 2020-12, keys
+    sorted, stable)."""
+    return schema_documents_of(_MODELS)
 
 
 def write_schemas(directory: str | Path = SCHEMA_DIR) -> list[Path]:
     """Write the schema files that are missing or differ; returns those written."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in schema_documents().items():
-        p = d / name
-        if not p.exists() or p.read_text(encoding="utf-8") != text:
-            p.write_text(text, encoding="utf-8")
-            written.append(p)
-    return written
+    return write_documents(directory, schema_documents())
 
 
 def stale_schemas(directory: str | Path = SCHEMA_DIR) -> list[str]:
     """Schema files missing from ``directory`` or differing from the models."""
-    d = Path(directory)
-    return [
-        name
-        for name, text in schema_documents().items()
-        if not (d / name).exists() or (d / name).read_text(encoding="utf-8") != text
-    ]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sims.telemetry --write-schemas | --check-schemas [--dir DIR]``."""
-    ap = argparse.ArgumentParser(prog="python -m sims.telemetry")
-    ap.add_argument("--write-schemas", action="store_true")
-    ap.add_argument("--check-schemas", action="store_true")
-    ap.add_argument("--dir", type=Path, default=SCHEMA_DIR)
-    ns = ap.parse_args(argv)
-    if ns.write_schemas:
-        for p in write_schemas(ns.dir):
-            print(f"wrote {p}")
-        return 0
-    if ns.check_schemas:
-        stale = stale_schemas(ns.dir)
-        for name in stale:
-            print(f"stale: {name}", file=sys.stderr)
-        return 1 if stale else 0
-    ap.print_help()
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return stale_documents(directory, schema_documents())

@@ -107,7 +107,8 @@ def acl_broker(tmp_path: Path) -> Iterator[Mosquitto]:
     # max_queued_messages as in production (config/mosquitto): with the test servers' 0,
     # Mosquitto 2.0.11 drops a v5 client right after a PUBACK 0x87 ("Bad socket read/write
     # ... Unknown error"; measured; eclipse-mosquitto/mosquitto#2579, #3244).
-    srv = start_mosquitto(tmp_path, f"acl_file {acl}\nuser {me}\nmax_queued_messages 1000\n")
+    srv = start_mosquitto(tmp_path,
+                          extra_conf=f"acl_file {acl}\nuser {me}\nmax_queued_messages 1000\n")
     yield srv
     srv.stop()
 

@@ -276,7 +276,7 @@ def test_only_tsdb_imports_influxdb_client() -> None:
             text = path.read_text(errors="replace")
             if re.search(r"^\s*(from|import)\s+influxdb_client", text, re.M):
                 offenders.append(str(path.relative_to(ROOT)))
-    assert offenders == ["rackplane/io/tsdb.py"]
+    assert offenders == ["rackplane/io/tsdb/influx.py"]
 
 
 def test_missing_token_variable_is_a_config_error(

@@ -5,7 +5,7 @@ database; WATCHDOG from the control tick itself).
 
 No CDU is running (its port is closed): the loop goes to its fail-safe and the control tick
 runs as always. The blocking handler of BR-24 b is the test-only verb ``test_block``, which
-the router registers only with ``RACKPLANE_TEST_VERBS=1`` (rackplane/commands.py).
+the router registers only with ``RACKPLANE_TEST_VERBS=1`` (rackplane/commands/router.py).
 """
 
 from __future__ import annotations

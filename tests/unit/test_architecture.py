@@ -60,19 +60,27 @@ def _importers(prefix: str) -> set[str]:
 
 
 @pytest.mark.parametrize(("library", "allowed"), [
-    ("aiomqtt", {"rackplane/io/mqtt.py", "harness/benchkids/bare_sub.py"}),
-    ("paho", {"rackplane/io/mqtt.py", "harness/benchkids/loadgen.py"}),
-    ("pymodbus", {"rackplane/io/modbus.py", "sims/modbus_face.py",
+    ("aiomqtt", {"rackplane/io/mqtt/link.py", "harness/benchkids/bare_sub.py"}),
+    ("paho", {"rackplane/io/mqtt/link.py", "harness/benchkids/loadgen.py"}),
+    ("pymodbus", {"rackplane/io/modbus/client.py", "sims/modbus_face.py",
                   "harness/benchkids/modbus_poll.py"}),
-    ("influxdb_client", {"rackplane/io/tsdb.py", "harness/benchkids/tsdb_write.py"}),
+    ("influxdb_client", {"rackplane/io/tsdb/influx.py", "harness/benchkids/tsdb_write.py"}),
     ("simple_pid", {"rackplane/core/pid.py"}),
     ("prometheus_client", {"rackplane/io/selfmetrics.py"}),
-    ("serial", {"rackplane/io/modbus.py"}),
+    ("serial", {"rackplane/io/modbus/client.py"}),
     ("msgspec", {"rackplane/core/tray_contract.py"}),
     ("orjson", set()),  # replaced by msgspec (one library for one job)
 ])
 def test_each_library_has_one_adapter(library: str, allowed: set[str]) -> None:
     assert _importers(library) <= allowed
+
+
+def test_command_router_is_independent_of_the_mqtt_adapter() -> None:
+    """The command path (rackplane/commands/) reaches the broker only through its
+    `CommandTransport`: it imports no adapter and no MQTT library."""
+    bad = {m: sorted(n for n in names if n.startswith(("rackplane.io", "aiomqtt", "paho")))
+           for m, names in MODULES.items() if m.startswith("rackplane/commands/")}
+    assert bad and all(v == [] for v in bad.values()), bad
 
 
 # --- dependency rules (DESIGN §2) ---------------------------------------------------------------
@@ -137,7 +145,7 @@ def test_dependency_rules() -> None:
     ("valvey/app.py", "tests.servers"),
     ("valvey/app.py", "racky.core.controller"),
     ("racky/app.py", "sims.scenario"),
-    ("rackplane/io/mqtt.py", "valvey.config"),
+    ("rackplane/io/mqtt/link.py", "valvey.config"),
     ("rackctl/client.py", "harness.servers"),
     ("sims/telemetry.py", "racky.core.telemetry"),
 ])

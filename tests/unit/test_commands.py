@@ -207,7 +207,7 @@ def error_code(reply: Mapping[str, Any]) -> str | None:
 
 
 def test_committed_schemas_match_the_models() -> None:
-    """Regenerate with ``python -m valvey.commands --write-schemas`` when this fails."""
+    """Regenerate with ``rackctl schemas --write`` when this fails."""
     verbs = {"valvey": valvey_verb_args()}
     assert stale_schemas(SCHEMA_DIR, verbs) == []
     names = set(schema_documents(verbs))

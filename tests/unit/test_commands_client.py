@@ -223,3 +223,49 @@ def test_bench_and_scenarios_missing_module_is_a_clear_error_exit_2(
         r = CliRunner().invoke(app, argv)
         assert r.exit_code == 2
         assert "not installed" in r.stderr
+
+
+# --- rackctl lockstep runs either daemon's scenarios (the harness imported lazily) ------------
+
+
+def test_lockstep_racky_hands_its_subcommand_to_the_harness(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+    import types
+
+    calls: list[list[str]] = []
+    racky = types.ModuleType("harness.lockstep_racky")
+
+    def racky_main(argv: list[str]) -> int:
+        calls.append(list(argv))
+        return 1 if argv[0] == "validate" else 0
+
+    racky.main = racky_main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "harness.lockstep_racky", racky)
+    out = str(tmp_path / "report")
+    r = CliRunner().invoke(app, ["lockstep", "--daemon", "racky", "validate", "--stage", "rack",
+                                 "--out", out])
+    assert r.exit_code == 1  # the validation's verdict is the exit code
+    r = CliRunner().invoke(app, ["lockstep", "-d", "racky", "run", "flapping-link",
+                                 "--duration", "60", "--plant-dt", "1"])
+    assert r.exit_code == 0
+    assert calls == [["validate", "--stage", "rack", "--out", out],
+                     ["run", "flapping-link", "--duration", "60", "--plant-dt", "1"]]
+
+
+def test_lockstep_refuses_an_unknown_daemon_and_misplaced_options() -> None:
+    r = CliRunner().invoke(app, ["lockstep", "--daemon", "fleet"])
+    assert r.exit_code == 2 and "expected valvey or racky" in r.stderr
+    r = CliRunner().invoke(app, ["lockstep", "load-step", "--seeds", "3"])
+    assert r.exit_code == 2 and "unexpected arguments for valvey" in r.stderr
+    r = CliRunner().invoke(app, ["lockstep", "-d", "racky", "run", "x", "--config", "v.toml"])
+    assert r.exit_code == 2 and "--config is valvey's" in r.stderr
+
+
+def test_lockstep_racky_runs_the_real_harness() -> None:
+    """A short real run: racky's core in lock-step with the virtual rack, through rackctl."""
+    r = CliRunner().invoke(app, ["lockstep", "--daemon", "racky", "run", "flapping-link",
+                                 "--duration", "10", "--plant-dt", "1"])
+    assert r.exit_code == 0, r.output
+    assert "scenario flapping-link: 11 ticks" in r.stdout

@@ -1,6 +1,7 @@
-"""The MQTT contract as files: the JSON Schemas shipped in rackplane/schemas and their rendering
-docs/COMMANDS.md are generated from the models (``rackctl schemas --write``) and fail here
-when stale; the published payloads (status, alarm, state/leases) match their schemas.
+"""The MQTT contract as files: the JSON Schemas shipped in rackplane/schemas and sims/schemas
+and the rendering docs/COMMANDS.md are generated from the models (``rackctl schemas --write
+--docs docs/COMMANDS.md``) and fail here when stale; rackctl writes only where it is told;
+the published payloads (status, alarm, state/leases) match their schemas.
 DESIGN §3 ("Every payload has a JSON Schema shipped with the package")."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from rackctl.cli import COMMANDS_MD, app, daemon_contracts
+from rackctl.cli import app, daemon_contracts, shipped_schema_sets
 from rackplane.clock import FakeClock
 from rackplane.commands import (
     GENERIC_VERBS,
@@ -38,6 +39,9 @@ from rackplane.io.mqtt import MqttLink
 from rackplane.settings import CommandSettings, Identity, MqttSettings
 from tests.unit.test_commands import make_rig
 
+ROOT = Path(__file__).resolve().parents[2]
+COMMANDS_MD = ROOT / "docs" / "COMMANDS.md"
+
 
 def _inputs() -> tuple[list[DaemonContract], VerbArgs, StateModels]:
     contracts = daemon_contracts()
@@ -47,12 +51,13 @@ def _inputs() -> tuple[list[DaemonContract], VerbArgs, StateModels]:
 
 
 def test_committed_schemas_and_commands_md_are_current() -> None:
-    """Regenerate both with ``rackctl schemas --write`` when this fails."""
+    """Regenerate both with ``rackctl schemas --write --docs docs/COMMANDS.md`` when this
+    fails."""
     contracts, verb_args, states = _inputs()
     assert [c.daemon for c in contracts][:1] == ["valvey"]
     assert stale_schemas(SCHEMA_DIR, verb_args, states, complete=True) == []
     assert COMMANDS_MD.read_text(encoding="utf-8") == render_markdown(contracts)
-    result = CliRunner().invoke(app, ["schemas", "--check"])
+    result = CliRunner().invoke(app, ["schemas", "--check", "--docs", str(COMMANDS_MD)])
     assert result.exit_code == 0, result.output
     for name in ("status.schema.json", "alarm.schema.json", "state-leases.schema.json",
                  "lease.acquire_lease.args.schema.json"):
@@ -77,6 +82,36 @@ def test_stale_and_orphan_files_detected_and_pruned(tmp_path: Path) -> None:
     docs.write_text("old")
     result = CliRunner().invoke(app, ["schemas", "--check", "--docs", str(docs)])
     assert result.exit_code == 1 and f"stale: {docs}" in result.output
+
+
+def test_schemas_write_into_a_given_dir_then_check_it(tmp_path: Path) -> None:
+    """``--write --dir`` writes every shipped set (rackplane and sims) byte for byte as the
+    committed files; ``--check --dir`` then passes, and fails on one changed byte or an orphan
+    file; the rendering goes to the path given, or stdout."""
+    sets = shipped_schema_sets(daemon_contracts())
+    assert set(sets) == {"rackplane", "sims"}
+    docs = tmp_path / "out" / "COMMANDS.md"
+    docs.parent.mkdir()
+    r = CliRunner().invoke(app, ["schemas", "--write", "--dir", str(tmp_path),
+                                 "--docs", str(docs)])
+    assert r.exit_code == 0, r.output
+    for pkg, (_installed, documents) in sets.items():
+        written = {p.name: p.read_text(encoding="utf-8") for p in (tmp_path / pkg).iterdir()}
+        assert written == documents
+    assert docs.read_text(encoding="utf-8") == render_markdown(daemon_contracts())
+    check = ["schemas", "--check", "--dir", str(tmp_path), "--docs", str(docs)]
+    assert CliRunner().invoke(app, check).exit_code == 0
+    victim = tmp_path / "sims" / "sim.telemetry.plant.schema.json"
+    victim.write_text(victim.read_text(encoding="utf-8") + " ", encoding="utf-8")
+    (tmp_path / "rackplane" / "valvey.gone.args.schema.json").write_text("{}")
+    r = CliRunner().invoke(app, check)
+    assert r.exit_code == 1
+    assert "stale: sims: sim.telemetry.plant.schema.json" in r.output
+    assert "stale: rackplane: valvey.gone.args.schema.json" in r.output
+    r = CliRunner().invoke(app, ["schemas", "--write", "--dir", str(tmp_path), "--docs", "-"])
+    assert r.exit_code == 0 and r.stdout == render_markdown(daemon_contracts())
+    assert not (tmp_path / "rackplane" / "valvey.gone.args.schema.json").exists()
+    assert CliRunner().invoke(app, ["schemas", "--write", "--check"]).exit_code == 2
 
 
 def test_status_payloads_match_the_schema() -> None:

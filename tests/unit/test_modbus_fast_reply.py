@@ -1,4 +1,4 @@
-"""The strict framer's fast path (rackplane/io/modbus.py `_StrictSocketFramer.handleFrame`):
+"""The strict framer's fast path (rackplane/io/modbus/client.py `_StrictSocketFramer.handleFrame`):
 for the one frame that answers the outstanding register read it builds the reply itself;
 the reply must equal what pymodbus' own framer and decoder make of the same bytes, and any
 other buffer must take the BR-03 frame walk (the guard drops and counts)."""

@@ -1006,7 +1006,7 @@ def test_row_of_three_racks_on_one_cdu() -> None:
 
 
 def test_sim_schemas_are_not_stale() -> None:
-    """Regenerate with ``python -m sims.telemetry --write-schemas`` when this fails."""
+    """Regenerate with ``rackctl schemas --write`` when this fails."""
     assert stale_schemas() == []
 
 
