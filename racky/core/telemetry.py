@@ -37,9 +37,14 @@ import numpy as np
 import numpy.typing as npt
 
 from rackplane.core.tray_contract import (
+    POWER_CAP_REASONS,
+    SCHEMA_VERSION,
+    THERMAL_REASONS,
     AgentStruct,
+    DecodedTray,
     NotJsonError,
     TrayShapeError,
+    UnsupportedVersion,
     convert_tray,
     decode_tray,
     is_tray_struct,
@@ -75,33 +80,71 @@ fields, keyword construction), the decoded block itself, or rebuilt by the per-f
 (null caps and ramp limits: None)."""
 
 
-def decode_payload(raw: bytes) -> Any:
-    """A tray message's bytes (UTF-8 JSON) as the contract's `TrayStruct` (decoded and
-    type-checked in one pass by msgspec, ~25 µs for 13 kB, the speed of a plain JSON decode),
-    which `TelemetryIngest.tray_payload` then checks for values.
+def decode_payload(raw: bytes) -> DecodedTray:
+    """A tray message's bytes (UTF-8 JSON) as the contract's `TrayStruct` in a `DecodedTray`
+    (decoded and type-checked in one pass by msgspec, ~25 µs for 13 kB, the speed of a plain
+    JSON decode; with the fields a newer minor version added, ignored), which
+    `TelemetryIngest.tray_payload` then checks for values.
 
     Strict as the contract (`rackplane.core.tray_contract.TrayTelemetry`): every required field
     present (``leak``, ``ts_ns``, every agent field …), types as the models say (an int is
-    accepted for a float; ``1.5`` or ``"1"`` is not an int), unknown fields refused. NaN /
+    accepted for a float; ``1.5`` or ``"1"`` is not an int), unknown fields refused unless
+    ``schema_version`` is a newer minor version of major 1, another major refused. NaN /
     Infinity literals, numbers that overflow a double, invalid UTF-8 and nesting too deep to
     decode are not JSON. A repeated key is not detected: its last value wins (msgspec).
 
     Raises:
-        PayloadError: not valid JSON, or not the contract (msgspec's message names the key
-            path, e.g. ``Object missing required field `leak```, ``... - at `$.ts_ns```);
-            nothing is applied.
+        PayloadError: not valid JSON, another major version of the contract, or not the
+            contract (msgspec's message names the key path, e.g. ``Object missing required
+            field `leak```, ``... - at `$.ts_ns```); nothing is applied.
     """
     try:
         return decode_tray(raw)
     except TrayShapeError as err:
         raise PayloadError(f"payload: not the tray contract ({err})") from None
+    except UnsupportedVersion as err:
+        raise PayloadError(f"payload: unsupported contract version ({err})") from None
     except NotJsonError as err:
         raise PayloadError(f"payload: not valid JSON ({err})") from None
 
 
+CAPPED_DEMAND_FACTOR = 1.1
+"""A GPU held at its cap (the power-cap clock-event reason) wants at least its cap: racky
+takes its demand as this × max(power, enforced cap), so a capped tray's share can grow (the
+cap loop's ramp limits how fast)."""
+
+
+def infer_gpu_demand_w(power_w: FloatArray, enforced_gpu_cap_w: float,
+                       power_capped: BoolArray) -> FloatArray:
+    """Per-GPU demand, W, from what an agent can observe (no agent can measure demand): a
+    GPU whose clock-event reasons include the power cap (``sw_power_cap``) is demand-limited,
+    demand >= its enforced cap, taken as `CAPPED_DEMAND_FACTOR` × max(power, cap); any other
+    GPU's demand is its power (a thermally throttled or ramp-limited GPU may want more: racky
+    cannot tell). NaN power stays NaN.
+
+    Args:
+        power_w: per-GPU power, W, shape (gpus,); enforced_gpu_cap_w: the agent's per-GPU
+            limit, W; power_capped: per GPU, the power-cap reason is active.
+    """
+    capped = np.maximum(power_w, enforced_gpu_cap_w) * CAPPED_DEMAND_FACTOR
+    out: FloatArray = np.where(power_capped, capped, power_w)
+    return out
+
+
+def _reason_flags(reasons: list[list[str]]) -> tuple[BoolArray, BoolArray]:
+    """(thermal slowdown, power capped) per GPU from its clock-event reason names."""
+    thr = np.array([not THERMAL_REASONS.isdisjoint(r) for r in reasons], dtype=bool)
+    cap = np.array([not POWER_CAP_REASONS.isdisjoint(r) for r in reasons], dtype=bool)
+    return thr, cap
+
+
 @dataclass(frozen=True, slots=True)
 class TrayReading:
-    """One tray's telemetry (W, °C); GPU arrays have shape (gpus_per_tray,)."""
+    """One tray's telemetry (W, °C); GPU arrays have shape (gpus_per_tray,).
+    ``gpu_demand_w`` is racky's inference (`infer_gpu_demand_w`), never a reported figure;
+    ``gpu_throttled``: a thermal / HW slowdown reason is active (`THERMAL_REASONS`);
+    ``gpu_power_capped``: the power-cap reason is active; ``gpu_traffic``: the GPU's
+    utilisation (0..1, NaN unknown), the traffic the link checks expect."""
 
     tray: int
     t_mono: float
@@ -121,6 +164,7 @@ class TrayReading:
     gpu_traffic: FloatArray
     gpu_uptime_s: FloatArray
     gpu_boot_id: npt.NDArray[np.uint64]
+    gpu_power_capped: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
 @dataclass
@@ -300,14 +344,14 @@ def _list(d: Mapping[str, Any], key: str, path: str, n: int) -> list[Any]:
 _PortBlock = tuple[int, dict[str, Any], float, int, dict[str, npt.NDArray[np.uint64]]]
 """A checked port block: (GPU, the JSON block, uptime s, boot id, counters converted)."""
 
-_GPU_NUMS = ("power_w", "demand_w", "temp_c", "t_limit_c", "traffic", "uptime_s")
-"""A GPU's numbers, rows of the per-GPU column array (power_w required, all finite, the two
-powers >= 0, the others null / absent: unknown, NaN)."""
+_GPU_NUMS = ("power_w", "temp_c", "t_limit_c", "utilization", "uptime_s")
+"""A GPU's numbers, rows of the per-GPU column array (power_w required and >= 0, all finite,
+the others null / absent: unknown, NaN)."""
 
-_Gpus = tuple[npt.NDArray[np.int64], FloatArray, BoolArray, BoolArray, npt.NDArray[np.uint64],
-              list[tuple[int, dict[str, Any], float, int]]]
-"""A tray's checked GPUs: (index, columns (len(_GPU_NUMS), gpus), throttled, shut down,
-boot id, port blocks (GPU, block, uptime s, boot id) of the GPUs that carry one)."""
+_Gpus = tuple[npt.NDArray[np.int64], FloatArray, list[list[str]], BoolArray,
+              npt.NDArray[np.uint64], list[tuple[int, dict[str, Any], float, int]]]
+"""A tray's checked GPUs: (index, columns (len(_GPU_NUMS), gpus), clock-event reasons, shut
+down, boot id, port blocks (GPU, block, uptime s, boot id) of the GPUs that carry one)."""
 
 @dataclass(slots=True)
 class _TrayPorts:
@@ -347,8 +391,12 @@ def _float_column(vals: list[Any], *, nullable: bool, non_negative: bool) -> Flo
 
 _AGENT_NUMS = ("enforced_gpu_cap_w", "enforced_tray_cap_w", "floor_w", "power_floor_pct",
                "ramp_down_hysteresis_s", "power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s",
-               "ramp_down_w_per_s")
-"""The agent block's numbers (finite and >= 0 when given; the last four may be null)."""
+               "ramp_down_w_per_s", "cap_expires_in_s")
+"""The agent block's numbers (finite and >= 0 when given; those from the sixth on may be
+null)."""
+
+EPOCH_MAX = 2**63 - 1
+"""Largest command epoch an agent may report (a signed 64-bit count)."""
 
 
 def _u64_column(vals: Any, n: int) -> npt.NDArray[np.uint64] | None:
@@ -406,13 +454,23 @@ class TelemetryIngest:
     stale_messages: int = 0
     clock_steps: int = 0
     last_ts_ns: dict[int, int] = field(default_factory=dict)
+    ignored_fields: set[str] = field(default_factory=set)
+    newest_version: str = SCHEMA_VERSION
+
+    @property
+    def ignored_field_count(self) -> int:
+        """Distinct fields (key paths, e.g. ``gpus[].fan_rpm``) racky accepted and ignored in
+        messages of a newer minor contract version: each counted once (``state/health``)."""
+        return len(self.ignored_fields)
 
     def tray_payload(self, payload: Any, t_mono: float, *, retained: bool = False,
                      expected_tray: int | None = None) -> TrayReading:
         """Parse one ``telemetry/trayNN`` payload received at ``t_mono`` (monotonic s); store it
         and write its ports into the link frame. ``payload``: what `decode_payload` returns (a
-        `TrayStruct`, or plain JSON), or the plain JSON objects (a dict, as the lock-step runner
-        passes the simulator's payloads; type-checked with `convert_tray`, ~9 µs).
+        `DecodedTray`; a bare `TrayStruct` too), or the plain JSON objects (a dict, as the
+        lock-step runner passes the simulator's payloads; type-checked with `convert_tray`,
+        ~9 µs). The fields of a newer minor version it ignored are added to
+        ``ignored_fields`` once the message is accepted.
 
         Freshness comes from the receive time, so a message that is not the agent's newest is
         refused rather than taken as fresh: a retained copy (``retained``, the broker's store,
@@ -427,7 +485,8 @@ class TelemetryIngest:
         Raises:
             PayloadError: anything unusable (nothing is applied then; counted in ``errors``):
                 not the contract (a plain dict is converted with `convert_tray`, as strict as
-                `decode_payload`), ``ts_ns`` outside [0, `TS_NS_MAX`], a tray or GPU index
+                `decode_payload`), another major version,
+                ``ts_ns`` outside [0, `TS_NS_MAX`], a tray or GPU index
                 out of range or repeated, a non-finite number, a negative power / rate / BER /
                 agent figure, a counter of ``counter_names`` missing or outside [0, 2**64),
                 wrong list lengths; `StaleMessage` for the cases above (counted in
@@ -437,7 +496,7 @@ class TelemetryIngest:
             self.stale_messages += 1
             raise StaleMessage("retained telemetry (from the broker's store, age unknown)")
         try:
-            reading, ports, ts = self._parse_any(payload, t_mono)
+            reading, ports, ts, ignored, version = self._parse_any(payload, t_mono)
             if expected_tray is not None and reading.tray != expected_tray:
                 raise PayloadError(f"tray: {reading.tray} in a message on tray "
                                    f"{expected_tray}'s topic")
@@ -452,24 +511,34 @@ class TelemetryIngest:
                                    "(duplicate or out of order)")
             self.clock_steps += 1
         self.last_ts_ns[reading.tray] = ts
+        if ignored:
+            self.ignored_fields |= ignored
+            self.newest_version = version
         if ports:
             self._write_ports(ports, t_mono)
         self.trays[reading.tray] = reading
         return reading
 
     def _parse_any(self, payload: Any, t_mono: float
-                   ) -> tuple[TrayReading, _TrayPorts | list[_PortBlock], int]:
-        """(reading, ports, the agent's ``ts_ns``) from a `TrayStruct` (as `decode_payload`
-        returns) or plain JSON: refused naming msgspec's key path unless it is the contract
-        (`convert_tray`); then the typed path when it can vouch for the values, else the
-        per-field value checks (which refuse naming the key path)."""
+                   ) -> tuple[TrayReading, _TrayPorts | list[_PortBlock], int, frozenset[str],
+                              str]:
+        """(reading, ports, the agent's ``ts_ns``, the ignored fields, the version) from a
+        `DecodedTray` / `TrayStruct` (as `decode_payload` returns) or plain JSON: refused
+        naming msgspec's key path unless it is the contract (`convert_tray`); then the typed
+        path when it can vouch for the values, else the per-field value checks (which refuse
+        naming the key path)."""
+        ignored: frozenset[str] = frozenset()
+        if isinstance(payload, DecodedTray):
+            payload, ignored = payload
         if is_tray_struct(payload):
             m: Any = payload
         elif isinstance(payload, dict):
             try:
-                m = convert_tray(payload)
+                m, ignored = convert_tray(payload)
             except TrayShapeError as err:
                 raise PayloadError(f"payload: not the tray contract ({err})") from None
+            except UnsupportedVersion as err:
+                raise PayloadError(f"payload: unsupported contract version ({err})") from None
         else:
             raise PayloadError("payload: not a JSON object")
         ts = m.ts_ns  # an int (msgspec refuses a bool or a float there)
@@ -477,10 +546,10 @@ class TelemetryIngest:
             raise PayloadError(f"ts_ns: {ts!r} is not in [0, 2**63) ns since the epoch")
         out = self._parse_struct(m, t_mono)
         if out is not None:
-            return out[0], out[1], ts
-        reading, ports = self._parse(payload if payload is not m else struct_to_builtins(m),
-                                     t_mono)
-        return reading, ports, ts
+            return out[0], out[1], ts, ignored, m.schema_version
+        reading, ports = self._parse(payload if payload is not m and not ignored
+                                     else struct_to_builtins(m), t_mono)
+        return reading, ports, ts, ignored, m.schema_version
 
     def _parse_struct(self, m: Any, t_mono: float
                       ) -> tuple[TrayReading, _TrayPorts | list[_PortBlock]] | None:
@@ -499,6 +568,8 @@ class TelemetryIngest:
             x = getattr(agent, key)
             if x is not None and not (math.isfinite(x) and x >= 0):
                 return None
+        if agent.epoch is not None and not 0 <= agent.epoch <= EPOCH_MAX:
+            return None
         power_w = m.power_w
         if not (math.isfinite(power_w) and power_w >= 0 and math.isfinite(m.coolant_out_temp_c)):
             return None
@@ -506,29 +577,31 @@ class TelemetryIngest:
         lo = tray * g
         if min(gis) < lo or max(gis) >= lo + g or len(set(gis)) != g:
             return None  # out of the tray's range, or a GPU repeated (and so another missing)
-        arr = _float_column([x.power_w for x in gl] + [x.demand_w for x in gl]
-                            + [x.temp_c for x in gl] + [x.t_limit_c for x in gl]
-                            + [x.traffic for x in gl] + [x.uptime_s for x in gl],
+        arr = _float_column([x.power_w for x in gl] + [x.temp_c for x in gl]
+                            + [x.t_limit_c for x in gl] + [x.utilization for x in gl]
+                            + [x.uptime_s for x in gl],
                             nullable=True, non_negative=False)
         if arr is None:
             return None
         cols = arr.reshape(len(_GPU_NUMS), g)
-        if (cols[:2] < 0).any():
-            return None  # a negative power
+        if not (cols[0] >= 0).all():
+            return None  # a negative power, or a null one
         boots = [x.boot_id for x in gl]
         for b in boots:
             if b is not None and not 0 <= b < 2**64:
                 return None
         boot = np.array([0 if b is None else b for b in boots], dtype=np.uint64)
+        thr, capped = _reason_flags([x.throttle_reasons for x in gl])
         reading = TrayReading(
             tray=tray, t_mono=float(t_mono), powered=m.powered, power_w=power_w,
             coolant_out_temp_c=m.coolant_out_temp_c, leak=m.leak,
             leak_sensor_fault=m.leak_sensor_fault, agent=agent,
             gpu_index=np.array(gis, dtype=np.int64), gpu_power_w=cols[0],
-            gpu_demand_w=cols[1], gpu_temp_c=cols[2], gpu_t_limit_c=cols[3],
-            gpu_throttled=np.array([x.throttled for x in gl], dtype=bool),
+            gpu_demand_w=infer_gpu_demand_w(cols[0], agent.enforced_gpu_cap_w, capped),
+            gpu_temp_c=cols[1], gpu_t_limit_c=cols[2], gpu_throttled=thr,
             gpu_shut_down=np.array([x.shut_down for x in gl], dtype=bool),
-            gpu_traffic=cols[4], gpu_uptime_s=cols[5], gpu_boot_id=boot,
+            gpu_traffic=cols[3], gpu_uptime_s=cols[4], gpu_boot_id=boot,
+            gpu_power_capped=capped,
         )
         pbs = [x.ports for x in gl]
         n_none = pbs.count(None)
@@ -536,7 +609,7 @@ class TelemetryIngest:
             return reading, []
         if n_none:
             return None  # some GPUs without ports: the per-block checks
-        tp = self._ports_struct(gis, pbs, cols[5], boot)
+        tp = self._ports_struct(gis, pbs, cols[4], boot)
         return None if tp is None else (reading, tp)
 
     def _parse(self, p: Any, t_mono: float) -> tuple[TrayReading, _TrayPorts | list[_PortBlock]]:
@@ -550,24 +623,31 @@ class TelemetryIngest:
         if not isinstance(a, dict):
             raise PayloadError("agent: missing")
         nums = {k: _agent_num(a, k, nullable=k in _AGENT_NUMS[5:]) for k in _AGENT_NUMS}
+        epoch = a.get("epoch")
+        if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)
+                                  or not 0 <= epoch <= EPOCH_MAX):
+            raise PayloadError(f"agent.epoch: {epoch!r} is not an integer in [0, 2**63)")
         agent = AgentReading(
             **nums,  # the required ones are never None (`_agent_num` raises)
             capping=_bool(a, "capping", "agent"),
             flooring=_bool(a, "flooring", "agent"),
             ramp_limited=_bool(a, "ramp_limited", "agent"),
+            epoch=epoch,
         )
         gl = _list(p, "gpus", "payload", self.gpus_per_tray)
-        idx, cols, thr, down, boot, blocks = self._gpus_checked(gl, tray)
+        idx, cols, reasons, down, boot, blocks = self._gpus_checked(gl, tray)
+        thr, capped = _reason_flags(reasons)
         reading = TrayReading(
             tray=tray, t_mono=float(t_mono), powered=_bool(p, "powered", "payload"),
             power_w=_watts(p, "power_w", "payload"),
             coolant_out_temp_c=_num(p, "coolant_out_temp_c", "payload"),
             leak=_bool(p, "leak", "payload"),
             leak_sensor_fault=_bool(p, "leak_sensor_fault", "payload"), agent=agent,
-            gpu_index=idx, gpu_power_w=cols[0], gpu_demand_w=cols[1],
-            gpu_temp_c=cols[2], gpu_t_limit_c=cols[3], gpu_throttled=thr,
-            gpu_shut_down=down, gpu_traffic=cols[4], gpu_uptime_s=cols[5],
-            gpu_boot_id=boot,
+            gpu_index=idx, gpu_power_w=cols[0],
+            gpu_demand_w=infer_gpu_demand_w(cols[0], agent.enforced_gpu_cap_w, capped),
+            gpu_temp_c=cols[1], gpu_t_limit_c=cols[2], gpu_throttled=thr,
+            gpu_shut_down=down, gpu_traffic=cols[3], gpu_uptime_s=cols[4],
+            gpu_boot_id=boot, gpu_power_capped=capped,
         )
         if not blocks:
             return reading, []
@@ -583,7 +663,7 @@ class TelemetryIngest:
         g = self.gpus_per_tray
         idx = np.zeros(g, dtype=np.int64)
         cols = np.full((len(_GPU_NUMS), g), np.nan)
-        thr = np.zeros(g, dtype=bool)
+        reasons: list[list[str]] = [[] for _ in range(g)]
         down = np.zeros(g, dtype=bool)
         boot = np.zeros(g, dtype=np.uint64)
         ports: list[tuple[int, dict[str, Any], float, int]] = []
@@ -600,12 +680,12 @@ class TelemetryIngest:
                                    "(and so another GPU is missing)")
             idx[i] = gi
             cols[0, i] = _watts(gp, "power_w", path)
-            cols[1, i] = _watts(gp, "demand_w", path, optional=True)
-            cols[2, i] = _num(gp, "temp_c", path, optional=True)
-            cols[3, i] = _num(gp, "t_limit_c", path, optional=True)
-            cols[4, i] = _num(gp, "traffic", path, optional=True)
-            cols[5, i] = _num(gp, "uptime_s", path, optional=True)
-            thr[i] = _bool(gp, "throttled", path, False)
+            for r, key in enumerate(_GPU_NUMS[1:], 1):
+                cols[r, i] = _num(gp, key, path, optional=True)
+            rs = gp.get("throttle_reasons")
+            if not isinstance(rs, list) or not all(isinstance(x, str) for x in rs):
+                raise PayloadError(f"{path}.throttle_reasons: expected a list of strings")
+            reasons[i] = rs
             down[i] = _bool(gp, "shut_down", path, False)
             b = gp.get("boot_id")
             if b is not None:
@@ -616,8 +696,8 @@ class TelemetryIngest:
             if pb is not None:
                 if not isinstance(pb, dict):
                     raise PayloadError(f"{path}.ports: not an object")
-                ports.append((gi, pb, float(cols[5, i]), int(boot[i])))
-        return idx, cols, thr, down, boot, ports
+                ports.append((gi, pb, float(cols[4, i]), int(boot[i])))
+        return idx, cols, reasons, down, boot, ports
 
     def _ports_struct(self, gis: list[int], pbs: list[Any], uptime_s: FloatArray,
                       boot: npt.NDArray[np.uint64]) -> _TrayPorts | None:
