@@ -333,8 +333,8 @@ class NodeAgents:
         sets_cap = any(f in changes for f in ("power_cap_w", "gpu_power_cap_w"))
         if sets_cap and ttl_s is None:
             raise ValueError("a cap needs a ttl_s")
-        new = {k: replace(self._settings[k], **changes, **dict.fromkeys(release))
-               for k in ks}
+        fields: dict[str, Any] = {**changes, **dict.fromkeys(release)}
+        new = {k: replace(self._settings[k], **fields) for k in ks}
         for s in new.values():  # validate all before changing any
             self.validate(s)
         for k, s in new.items():
@@ -349,8 +349,7 @@ class NodeAgents:
 
     def _expire(self) -> None:
         """Release the caps whose TTL ran out (agent time)."""
-        for k in np.flatnonzero(self._cap_expires_s <= self._t_s + 1e-9):
-            k = int(k)
+        for k in np.flatnonzero(self._cap_expires_s <= self._t_s + 1e-9).tolist():
             self._cap_expires_s[k] = math.inf
             self.expired_caps += 1
             self.configure(k, replace(self._settings[k], power_cap_w=None,

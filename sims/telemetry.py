@@ -346,8 +346,11 @@ class SetPowerLimitsArgs(CommandArgs):
     `sims.rack.NodeAgentSettings` (per-GPU watts and W/s, NVML power-smoothing knobs,
     REFERENCE §1.3)."""
 
+    # validate_default off: a field left out is None (absent), never a value; a null sent is
+    # refused by the field's type
     model_config = ConfigDict(strict=True, title="sim set_power_limits args (node-agent "
-                              "contract v1)", json_schema_extra=_no_null_defaults)
+                              "contract v1)", json_schema_extra=_no_null_defaults,
+                              validate_default=False)
 
     schema_version: str = Field(pattern=r"^1\.(0|[1-9][0-9]{0,5})$",
                                 description="contract version, MAJOR.MINOR (major 1)")
