@@ -165,6 +165,7 @@ class Reconciler:
         self._last_assert = np.full(n_trays, -np.inf)
         self.reasserts = 0
         self.refreshes = 0
+        self.refreshed: set[int] = set()
         self.mismatch: dict[int, str] = {}
 
     def note_sent(self, trays: Sequence[int], now: float) -> None:
@@ -187,7 +188,8 @@ class Reconciler:
 
         Also the trays whose caps are due for their TTL refresh (node-agent contract v1): a
         tray that has reported, with a cap desired and sent, nothing sent to it for
-        `CAP_REFRESH_S` (counted in ``refreshes``, not in ``reasserts``)."""
+        `CAP_REFRESH_S` (counted in ``refreshes``, not in ``reasserts``; this step's in
+        ``refreshed``)."""
         tol = self.cfg.reconcile_tolerance_w
         resend: list[int] = []
         drift: dict[int, str] = {}
@@ -211,12 +213,14 @@ class Reconciler:
             if age >= self.cfg.drift_alarm_s - 1e-9:
                 drift[k] = why
         due = set(resend)
+        self.refreshed = set()
         for k in range(self.n):
             d = desired[k]
             if (k not in due and k in readings and math.isfinite(self._last_assert[k])
                     and (d.power_cap_w is not None or d.gpu_power_cap_w is not None)
                     and now - self._last_assert[k] >= CAP_REFRESH_S - 1e-9):
                 resend.append(k)
+                self.refreshed.add(k)
                 self.refreshes += 1
         return resend, drift
 
