@@ -412,10 +412,12 @@ def port_block(
     snap: Mapping[str, np.ndarray], ports: range, names: Sequence[str]
 ) -> dict[str, Any]:
     """The `PortBlock` of ports ``ports`` from a fabric snapshot (unknown keys become
-    counters when they are integer arrays of port length)."""
+    counters when they are integer arrays of port length; ``counter_bits`` their dtype's
+    width)."""
     sl = slice(ports.start, ports.stop)
     n_ports = len(names)
     counters: dict[str, list[int]] = {}
+    bits: dict[str, int] = {}
     for k, v in snap.items():
         if (
             k not in ("link_up", "is_nvlink", "port_gpu")
@@ -423,6 +425,7 @@ def port_block(
             and np.issubdtype(v.dtype, np.integer)
         ):
             counters[k] = [int(x) for x in v[sl]]
+            bits[k] = 8 * v.dtype.itemsize  # the counter's native width
     ber = snap.get("ber")
     return {
         "names": list(names[sl]),
@@ -435,6 +438,7 @@ def port_block(
         if ber is not None
         else [None] * (sl.stop - sl.start),
         "counters": counters,
+        "counter_bits": bits,
     }
 
 
