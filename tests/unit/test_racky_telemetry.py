@@ -593,3 +593,32 @@ def test_ingest_reads_throttle_reasons_and_infers_demand(payloads: list[dict[str
     bad = copy.deepcopy(p)
     bad["gpus"][2]["throttle_reasons"] = "hw_slowdown"
     _refused_both_ways(bad, r"throttle_reasons")
+
+
+def test_the_contract_docs_examples_are_the_contract() -> None:
+    """docs/CONTRACTS.md "Node-agent contract v1" examples: the telemetry validates as the
+    model and racky takes it; the command args validate as the agents' model."""
+    import re
+    from pathlib import Path
+
+    from rackplane.core.tray_contract import TrayTelemetry
+    from sims.telemetry import SetPowerLimitsArgs
+
+    doc = (Path(__file__).parents[2] / "docs" / "CONTRACTS.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Node-agent contract v1"):]
+    section = section[section.index("### Examples"):]
+    blocks = re.findall(r"```json\n(.*?)```", section, re.S)
+    tele = json.loads(blocks[0])
+    TrayTelemetry.model_validate(tele, strict=True)
+    ing = TelemetryIngest(18, 1, ("nvl_crc_flit_errors",))
+    r = ing.tray_payload({**tele, "gpus": [{**tele["gpus"][0], "gpu": 3}]}, 1.0)
+    assert r.gpu_power_capped.tolist() == [True]
+    dec = json.JSONDecoder()
+    text, cmds = blocks[1].strip(), []
+    while text:
+        obj, end = dec.raw_decode(text)
+        cmds.append(obj)
+        text = text[end:].strip()
+    assert len(cmds) == 2
+    for c in cmds:
+        SetPowerLimitsArgs.model_validate(c["args"], strict=True)
