@@ -235,6 +235,9 @@ class Racky:
         self._next_node = 0.0
         self._next_link = 0.0
         self._started = clock.monotonic()
+        # node-agent contract v1: racky's epoch (its start, ms since the Unix epoch): agents
+        # drop commands of an older racky
+        self.agent_epoch = clock.wall_ns() // 1_000_000
         self.first_step_done = asyncio.Event()
         self.reports: list[Path] = []
 
@@ -396,7 +399,7 @@ class Racky:
             rid = f"racky-{self._started:.0f}-{self._request_n}"[:64]
             issued = datetime.fromtimestamp(self.clock.wall_ns() / 1e9, UTC)  # wall-clock: envelope
             payload = {"request_id": rid, "issued_at": issued.isoformat().replace("+00:00", "Z"),
-                       "args": {"trays": list(c.trays), **c.args}}
+                       "args": c.wire_args(self.agent_epoch)}
             topic = f"{self.agent_base}/cmd/{self.agent_user}/set_power_limits"
             self._pending[rid] = (c.trays, self.clock.monotonic())
             self.agent_stats["sent"] += 1
@@ -576,7 +579,9 @@ class Racky:
                 "dormant": sorted(u for u, s in self.plan.state.items() if s == "dormant")},
             "agents": dict(self.agent_stats, pending=len(self._pending),
                            payload_errors=self.ingest.errors,
-                           stale_messages=self.ingest.stale_messages),
+                           stale_messages=self.ingest.stale_messages,
+                           ignored_fields=sorted(self.ingest.ignored_fields),
+                           ignored_field_count=self.ingest.ignored_field_count),
             "mqtt_reconnects": self.mqtt.stats.reconnects,
             "commands": self.commands.stats.as_dict(),
             "spool": {"spooled_lines": w.spooled, "sent_lines": w.sent,

@@ -31,6 +31,13 @@ REFERENCE §6 item 4 says the vendor values were not retrieved):
   budgets are enforced within ~1 s, REFERENCE §1.3; a cap is a safety limit);
 * a tray powered off draws nothing (GPUs, CPUs); powered on again, it ramps from 0.
 
+Commands (node-agent contract v1, `command`; docs/CONTRACTS.md): every command carries the
+sender's ``epoch``; an agent drops (refuses, `StaleEpoch`) a command whose epoch is older than
+the newest it has seen on that tray. A command that sets a cap carries a ``ttl_s``: the tray's
+caps (``power_cap_w``, ``gpu_power_cap_w``) expire together ``ttl_s`` after the last command
+that set one (agent time: the sum of the steps), and the tray is uncapped again unless the
+sender refreshed them. Floors, ramps and the power state do not expire.
+
 Leak sensors (REFERENCE §4.2 item 9, §5 S6, §8 leak response): one per compute tray, a CDU
 rope sensor and the rack drip pan. A location's sensor trips once the cumulative volume leaked
 there exceeds its threshold and it has stayed wet for the wetting delay; a tray holds
@@ -61,6 +68,7 @@ __all__ = [
     "NodeAgentSettings",
     "NodeAgentStatus",
     "NodeAgents",
+    "StaleEpoch",
 ]
 
 LeakSensorName = Literal["tray", "rope", "drip_pan"]
@@ -141,7 +149,10 @@ class NodeAgentStatus:
     what the agent let through (cap / floor / ramp), ``gpu_power_w`` what the GPUs drew after
     thermal throttling (the measured power), ``tray_power_w`` the tray's measured total.
     ``capping``: demand above the cap on some GPU; ``flooring``: the floor is burning power;
-    ``ramp_limited``: a ramp limit holds some GPU away from its target.
+    ``ramp_limited``: a ramp limit holds some GPU away from its target. ``epoch``: the newest
+    command epoch seen (None: none yet); ``cap_expires_in_s``: s until the caps expire (None:
+    no expiring cap); ``gpu_power_capped``: per GPU, the cap holds it below its demand (NVML's
+    ``sw_power_cap`` clock-event reason).
     """
 
     tray: int
@@ -157,12 +168,19 @@ class NodeAgentStatus:
     flooring: bool
     ramp_limited: bool
     powered: bool
+    epoch: int | None = None
+    cap_expires_in_s: float | None = None
+    gpu_power_capped: tuple[bool, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict (MQTT state, logs)."""
         d = asdict(self)
         d["settings"] = self.settings.as_dict()
         return d
+
+
+class StaleEpoch(ValueError):
+    """A command whose epoch is older than the newest the agent has seen (dropped)."""
 
 
 class NodeAgents:
@@ -205,6 +223,10 @@ class NodeAgents:
         self._target = np.zeros(n)
         self._limited = False  # any ramp limit or hysteresis configured
         self._version = 0
+        self._t_s = 0.0  # agent time: the sum of the steps, s
+        self._epoch: list[int | None] = [None] * n_trays
+        self._cap_expires_s = np.full(n_trays, math.inf)  # agent time the caps expire
+        self.expired_caps = 0  # trays whose caps expired (counted per expiry)
 
     @property
     def version(self) -> int:
@@ -291,6 +313,48 @@ class NodeAgents:
         self._version += 1
         return old
 
+    def command(self, trays: list[int], *, epoch: int, changes: dict[str, Any],
+                release: tuple[str, ...] = (), ttl_s: float | None = None) -> None:
+        """Apply one contract-v1 command to ``trays`` (all or nothing): ``changes`` (settings
+        field -> value, never None), ``release`` (the limits to remove), the sender's
+        ``epoch``; a command setting a cap arms the tray's cap expiry at ``ttl_s``.
+
+        Raises:
+            StaleEpoch: ``epoch`` older than the newest seen on one of ``trays``.
+            ValueError: no such tray, invalid settings (`validate`), a cap without ``ttl_s``;
+                nothing changes.
+        """
+        ks = [self._tray(t) for t in trays]
+        for k in ks:
+            seen = self._epoch[k]
+            if seen is not None and epoch < seen:
+                raise StaleEpoch(f"epoch {epoch} older than {seen}, the newest tray {k} has "
+                                 "seen")
+        sets_cap = any(f in changes for f in ("power_cap_w", "gpu_power_cap_w"))
+        if sets_cap and ttl_s is None:
+            raise ValueError("a cap needs a ttl_s")
+        fields: dict[str, Any] = {**changes, **dict.fromkeys(release)}
+        new = {k: replace(self._settings[k], **fields) for k in ks}
+        for s in new.values():  # validate all before changing any
+            self.validate(s)
+        for k, s in new.items():
+            self._epoch[k] = epoch
+            if s.power_cap_w is None and s.gpu_power_cap_w is None:
+                self._cap_expires_s[k] = math.inf
+            elif sets_cap:
+                assert ttl_s is not None
+                self._cap_expires_s[k] = self._t_s + ttl_s
+            if s != self._settings[k]:
+                self.configure(k, s)
+
+    def _expire(self) -> None:
+        """Release the caps whose TTL ran out (agent time)."""
+        for k in np.flatnonzero(self._cap_expires_s <= self._t_s + 1e-9).tolist():
+            self._cap_expires_s[k] = math.inf
+            self.expired_caps += 1
+            self.configure(k, replace(self._settings[k], power_cap_w=None,
+                                      gpu_power_cap_w=None))
+
     def set_powered(self, tray: int, powered: bool) -> None:
         """Switch a tray on or off, other settings kept. Raises ValueError for no such tray."""
         self.configure(tray, replace(self.settings(tray), powered=powered))
@@ -312,6 +376,9 @@ class NodeAgents:
             demand_w: per-GPU demand, W, shape ``(n_trays × gpus_per_tray,)``.
             dt: step, s (> 0).
         """
+        self._t_s += dt
+        if self._cap_expires_s.min() <= self._t_s + 1e-9:
+            self._expire()
         self._demand = demand_w
         target = np.minimum(np.maximum(demand_w, self._floor), self._cap)
         target *= self._powered
@@ -370,6 +437,10 @@ class NodeAgents:
             flooring=bool(s.powered and (demand < self._floor[g][0] - 1e-9).any()),
             ramp_limited=bool(s.powered and (np.abs(self._target[g] - self._out[g]) > 1e-6).any()),
             powered=s.powered,
+            epoch=self._epoch[k],
+            cap_expires_in_s=None if math.isinf(self._cap_expires_s[k])
+            else max(0.0, float(self._cap_expires_s[k] - self._t_s)),
+            gpu_power_capped=tuple(bool(s.powered and d > cap + 1e-9) for d in demand),
         )
 
 

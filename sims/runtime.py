@@ -11,7 +11,8 @@ the monotonic clock. After each step:
 * with a broker configured, once per ``telemetry_interval_s`` (1 s): ``telemetry/plant``
   (CDU truth, as the first CDU simulator published it), ``telemetry/rack``, one
   ``telemetry/trayNN`` per compute tray (its node agent, 4 GPUs and their link ports),
-  ``telemetry/power``, ``telemetry/env``; retained ``state/scenario``, ``state/faults`` (the
+  ``telemetry/power``, ``telemetry/env``, ``telemetry/truth`` (the trays' simulator truth,
+  never in the node-agent contract); retained ``state/scenario``, ``state/faults`` (the
   ground truth), ``state/faces`` and ``state/node_agents`` (on change). The node agents take
   ``cmd/<user>/set_power_limits`` and ``get_power_limits`` (rackplane's command envelope and
   reply; the contract racky uses). Payloads: `sims.telemetry` (JSON Schemas in
@@ -32,7 +33,6 @@ import contextlib
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,11 +49,13 @@ from sims.scenario import ModbusFaultState, Scenario, ScenarioRun
 from sims.telemetry import (
     GetPowerLimitsArgs,
     SetPowerLimitsArgs,
+    apply_power_limits,
     env_payload,
     node_agents_payload,
     power_payload,
     rack_payload,
     tray_payloads,
+    truth_payload,
 )
 
 __all__ = ["SIM_DT_S", "CduSimulator", "VirtualRackSimulator", "encode_readings"]
@@ -299,24 +301,10 @@ class VirtualRackSimulator:
     def _set_power_limits(self, args: SetPowerLimitsArgs, ctx: CommandContext
                           ) -> dict[str, Any]:
         assert self.rack is not None
-        agents = self.rack.agents
-        self._check_trays(args.trays)
-        changes = {f: getattr(args, f) for f in args.model_fields_set if f != "trays"}
-        if changes.get("power_floor_pct", 0.0) is None:
-            changes["power_floor_pct"] = 0.0
-        if changes.get("ramp_down_hysteresis_s", 0.0) is None:
-            changes["ramp_down_hysteresis_s"] = 0.0
-        if changes.get("powered", True) is None:
-            changes["powered"] = True
-        new = {t: replace(agents.settings(t), **changes) for t in args.trays}
-        for s in new.values():  # validate all before changing any
-            try:
-                agents.validate(s)
-            except ValueError as err:
-                raise CommandError("out_of_range", str(err)) from None
-        for t, s in new.items():
-            agents.configure(t, s)
-        self.log.info("node_agents_set", user=ctx.user, trays=list(args.trays), changes=changes)
+        apply_power_limits(self.rack, args)  # CommandError: the reply's code
+        self.log.info("node_agents_set", user=ctx.user, trays=list(args.trays),
+                      changes=args.changes(), release=list(args.release), epoch=args.epoch,
+                      ttl_s=args.ttl_s)
         return node_agents_payload(self.rack, sorted(set(args.trays)))
 
     def _get_power_limits(self, args: GetPowerLimitsArgs, ctx: CommandContext
@@ -374,6 +362,7 @@ class VirtualRackSimulator:
             if pr.publishing("trays"):
                 for thing, payload in tray_payloads(vr, ident, ts, ports=self.link_ports):
                     self.mqtt.publish_telemetry(thing, payload)
+                self.mqtt.publish_telemetry("truth", truth_payload(vr, ident, ts))
             if pr.publishing("power"):
                 self.mqtt.publish_telemetry("power", power_payload(vr, ident, ts))
             if pr.publishing("env"):

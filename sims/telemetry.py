@@ -11,14 +11,19 @@ topic                      payload model                         what
 ``telemetry/rack``         `RackTelemetry`                       rack totals, leaks, coolant
 ``telemetry/trayNN``       `TrayTelemetry`                       one compute tray (NN = 00..17):
                                                                  its node agent, 4 GPUs and
-                                                                 their link ports
+                                                                 their link ports (the
+                                                                 node-agent contract v1: only
+                                                                 what an agent can observe)
+``telemetry/truth``        `TruthTelemetry`                      the trays' simulator truth
+                                                                 (plant time, demand, cold-plate
+                                                                 fouling; never in the contract)
 ``telemetry/power``        `PowerTelemetry`                      power shelves and PSUs
 ``telemetry/env``          `EnvTelemetry`                        room air and dew point
 ``state/scenario``         `ScenarioState` (retained)            scenario progress
 ``state/faults``           `FaultsState` (retained)              injected faults (ground truth)
 ``state/faces``            `FacesState` (retained)               Modbus faces: ports and units
 ``state/node_agents``      `NodeAgentsState` (retained)          every tray's agent settings
-``cmd/<user>/set_power_limits``  args `SetPowerLimitsArgs`       node-agent command (racky)
+``cmd/<user>/set_power_limits``  args `SetPowerLimitsArgs`       node-agent command v1 (racky)
 ``cmd/<user>/get_power_limits``  args `GetPowerLimitsArgs`       read the agents
 =========================  ====================================  ==============================
 
@@ -28,8 +33,10 @@ sensor, BER before any traffic) is ``null``, never NaN (DESIGN §3). Tray, GPU, 
 indices are 0-based (GPU ``g`` is on tray ``g // 4``; port names are the fabric's,
 ``gpu07/nvl03``).
 
-The node-agent tray contract (`TrayTelemetry`, `AgentTelemetry`, `GpuTelemetry`, `PortBlock`)
-is defined once in `rackplane.core.tray_contract` (racky reads it too) and re-exported here.
+The node-agent tray contract v1 (`TrayTelemetry`, `AgentTelemetry`, `GpuTelemetry`, `PortBlock`)
+is defined once in `rackplane.core.tray_contract` (racky reads it too) and re-exported here; the
+command side is `SetPowerLimitsArgs` (caps with a TTL, the sender's epoch, ``release`` instead
+of null), applied by `apply_power_limits` (the runtime's handler, and the lock-step harness).
 
 ``rackctl schemas --write`` regenerates ``sims/schemas/*.schema.json`` (through the one
 generator, `rackplane.schemagen`); ``rackctl schemas --check`` exits 1 when one is stale (a
@@ -41,15 +48,26 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rackplane.commands import CommandArgs
-from rackplane.core.tray_contract import AgentTelemetry, GpuTelemetry, PortBlock, TrayTelemetry
+from rackplane.core.tray_contract import (
+    CAP_FIELDS,
+    COMMAND_TTL_MAX_S,
+    COMMAND_TTL_MIN_S,
+    SCHEMA_VERSION,
+    AgentTelemetry,
+    GpuTelemetry,
+    PortBlock,
+    TrayTelemetry,
+)
+from rackplane.errors import CommandError
 from rackplane.schemagen import schema_documents_of, stale_documents, write_documents
 from rackplane.settings import Identity
+from sims.rack import StaleEpoch
 from sims.row import VirtualRack
 
 __all__ = [
@@ -68,9 +86,12 @@ __all__ = [
     "ScenarioState",
     "SetPowerLimitsArgs",
     "TrayTelemetry",
+    "TruthTelemetry",
+    "apply_power_limits",
     "finite_or_none",
     "schema_documents",
     "stale_schemas",
+    "truth_payload",
     "write_schemas",
 ]
 
@@ -212,6 +233,29 @@ class EnvTelemetry(_Stamped):
     true_dew_point_c: float
 
 
+class TrayTruth(_Payload):
+    """One compute tray's simulator truth (what no node agent can observe)."""
+
+    tray: int
+    cold_plate_conductance_factor: float = Field(description="1 = clean cold plates")
+    gpu_demand_w: list[float] = Field(description="per GPU: what the workload asked, W")
+    gpu_request_w: list[float] = Field(description="per GPU: what the agent let through, W")
+    gpu_plate_temp_c: list[float] = Field(description="per GPU: cold-plate temperature, °C")
+    gpu_traffic: list[float] = Field(description="per GPU: offered link traffic, 0..1")
+    gpu_throttle_scale: list[float] = Field(description="per GPU: thermal throttle scale "
+                                            "(1 = none, 0 = shut down)")
+
+
+class TruthTelemetry(_Stamped):
+    """``telemetry/truth``: the simulator's ground truth of every compute tray, on its own
+    topic (never inside the node-agent contract; racky does not read it: tests, figures and
+    dashboards may)."""
+
+    model_config = ConfigDict(title="sim telemetry/truth")
+
+    trays: list[TrayTruth]
+
+
 # --- state -------------------------------------------------------------------------------------
 
 
@@ -282,35 +326,74 @@ class NodeAgentsState(_Payload):
 # --- commands ----------------------------------------------------------------------------------
 
 
+def _no_null_defaults(schema: dict[str, Any]) -> None:
+    """Drop ``"default": null`` from the properties of a model whose optional fields may be
+    left out but never be null (a null default would read as "null allowed")."""
+    for prop in schema.get("properties", {}).values():
+        if prop.get("default", 0) is None:
+            del prop["default"]
+
+
 class SetPowerLimitsArgs(CommandArgs):
-    """``set_power_limits``: node-agent settings for ``trays`` (all or nothing). A field left
-    out keeps its value; ``null`` removes a cap or a ramp limit. Refused with
-    ``out_of_range`` below the GPUs' minimum power limit, ``unknown_tray`` for a tray that
-    does not exist. The contract is `sims.rack.NodeAgentSettings` (per-GPU watts and W/s,
-    NVML power-smoothing knobs, REFERENCE §1.3)."""
+    """``set_power_limits`` (node-agent contract v1, docs/CONTRACTS.md): node-agent settings
+    for ``trays`` (all or nothing). A field left out keeps its value; ``null`` is never a
+    value (refused): a cap or ramp limit is removed by naming it in ``release``. Every command
+    carries the sender's ``epoch`` (agents drop one older than the newest they have seen:
+    ``stale_epoch``); a command that sets a cap carries ``ttl_s``, after which the tray's caps
+    expire unless refreshed. Refused with ``out_of_range`` below the GPUs' minimum power
+    limit, ``unknown_tray`` for a tray that does not exist. The settings are
+    `sims.rack.NodeAgentSettings` (per-GPU watts and W/s, NVML power-smoothing knobs,
+    REFERENCE §1.3)."""
 
-    model_config = ConfigDict(strict=True, title="sim set_power_limits args")
+    # validate_default off: a field left out is None (absent), never a value; a null sent is
+    # refused by the field's type
+    model_config = ConfigDict(strict=True, title="sim set_power_limits args (node-agent "
+                              "contract v1)", json_schema_extra=_no_null_defaults,
+                              validate_default=False)
 
+    schema_version: str = Field(pattern=r"^1\.(0|[1-9][0-9]{0,5})$",
+                                description="contract version, MAJOR.MINOR (major 1)")
     trays: list[int] = Field(min_length=1, max_length=64, description="0-based tray indices")
-    power_cap_w: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="whole-tray cap, W (null: none)"
-    )
-    gpu_power_cap_w: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="per-GPU cap, W (null: none)"
-    )
-    power_floor_pct: float | None = Field(
-        None, ge=0, le=100, allow_inf_nan=False, description="per-GPU floor, % of TGP"
-    )
-    ramp_up_w_per_s: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="per-GPU ramp-up limit, W/s (null: none)"
-    )
-    ramp_down_w_per_s: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="per-GPU ramp-down limit, W/s (null: none)"
-    )
-    ramp_down_hysteresis_s: float | None = Field(
-        None, ge=0, le=3600, allow_inf_nan=False, description="hold before ramp-down, s"
-    )
-    powered: bool | None = Field(None, description="tray power on/off")
+    epoch: int = Field(ge=0, le=2**63 - 1, description="the sender's epoch: grows with every "
+                       "start of the sender (racky: its start time, ms since the Unix epoch)")
+    ttl_s: float = Field(None, ge=COMMAND_TTL_MIN_S, le=COMMAND_TTL_MAX_S,  # type: ignore[assignment]
+                         allow_inf_nan=False, description="the caps set expire this long "
+                         "after the agent applied the command, s (required with a cap)")
+    power_cap_w: float = Field(None, gt=0, allow_inf_nan=False,  # type: ignore[assignment]
+                               description="whole-tray cap, W")
+    gpu_power_cap_w: float = Field(None, gt=0, allow_inf_nan=False,  # type: ignore[assignment]
+                                   description="per-GPU cap, W")
+    power_floor_pct: float = Field(None, ge=0, le=100,  # type: ignore[assignment]
+                                   allow_inf_nan=False, description="per-GPU floor, % of TGP")
+    ramp_up_w_per_s: float = Field(None, gt=0, allow_inf_nan=False,  # type: ignore[assignment]
+                                   description="per-GPU ramp-up limit, W/s")
+    ramp_down_w_per_s: float = Field(None, gt=0, allow_inf_nan=False,  # type: ignore[assignment]
+                                     description="per-GPU ramp-down limit, W/s")
+    ramp_down_hysteresis_s: float = Field(None, ge=0, le=3600,  # type: ignore[assignment]
+                                          allow_inf_nan=False, description="hold before "
+                                          "ramp-down, s")
+    powered: bool = Field(None, description="tray power on/off")  # type: ignore[assignment]
+    release: list[Literal["power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s",
+                          "ramp_down_w_per_s"]] = Field(
+        default_factory=list, max_length=4,
+        description="limits to remove (no cap / no ramp limit); never also set in the command")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SetPowerLimitsArgs:
+        given = self.model_fields_set
+        if len(set(self.release)) != len(self.release):
+            raise ValueError("release names a limit twice")
+        both = sorted(set(self.release) & given)
+        if both:
+            raise ValueError(f"{both} both set and released")
+        if given & set(CAP_FIELDS) and "ttl_s" not in given:
+            raise ValueError("a cap needs ttl_s")
+        return self
+
+    def changes(self) -> dict[str, Any]:
+        """The settings fields this command sets (field -> value)."""
+        return {f: getattr(self, f) for f in self.model_fields_set
+                if f not in ("schema_version", "trays", "epoch", "ttl_s", "release")}
 
 
 class GetPowerLimitsArgs(CommandArgs):
@@ -328,10 +411,12 @@ def port_block(
     snap: Mapping[str, np.ndarray], ports: range, names: Sequence[str]
 ) -> dict[str, Any]:
     """The `PortBlock` of ports ``ports`` from a fabric snapshot (unknown keys become
-    counters when they are integer arrays of port length)."""
+    counters when they are integer arrays of port length; ``counter_bits`` their dtype's
+    width)."""
     sl = slice(ports.start, ports.stop)
     n_ports = len(names)
     counters: dict[str, list[int]] = {}
+    bits: dict[str, int] = {}
     for k, v in snap.items():
         if (
             k not in ("link_up", "is_nvlink", "port_gpu")
@@ -339,6 +424,7 @@ def port_block(
             and np.issubdtype(v.dtype, np.integer)
         ):
             counters[k] = [int(x) for x in v[sl]]
+            bits[k] = 8 * v.dtype.itemsize  # the counter's native width
     ber = snap.get("ber")
     return {
         "names": list(names[sl]),
@@ -351,6 +437,7 @@ def port_block(
         if ber is not None
         else [None] * (sl.stop - sl.start),
         "counters": counters,
+        "counter_bits": bits,
     }
 
 
@@ -395,11 +482,19 @@ def rack_payload(vr: VirtualRack, ident: Identity, ts_ns: int) -> dict[str, Any]
     }
 
 
+_THERMAL = ["hw_slowdown", "hw_thermal_slowdown"]
+"""The clock-event reasons a thermally throttled GPU reports (NVML sets both)."""
+
+
 def tray_payloads(
     vr: VirtualRack, ident: Identity, ts_ns: int, *, ports: bool = True
 ) -> list[tuple[str, dict[str, Any]]]:
-    """``(thing, TrayTelemetry)`` for every compute tray (thing ``trayNN``); with ``ports``
-    each GPU carries its link ports (`PortBlock`) when the rack has a fabric."""
+    """``(thing, TrayTelemetry)`` for every compute tray (thing ``trayNN``): the node-agent
+    contract v1, only what an agent on the tray can observe (the simulator's truth is
+    `truth_payload`). A thermally throttled GPU reports ``hw_slowdown`` and
+    ``hw_thermal_slowdown``, one its agent holds below its demand by a cap ``sw_power_cap``.
+    With ``ports`` each GPU carries its link ports (`PortBlock`) when the rack has a
+    fabric."""
     tr = vr.truth()
     comp = vr.compute
     gpt = comp.gpus_per_tray
@@ -412,24 +507,23 @@ def tray_payloads(
     ppg = len(names) // comp.n_gpus if names else 0
     uptime = snap.get("uptime_s") if snap is not None else None
     boot = snap.get("boot_id") if snap is not None else None
-    stamp = _stamp(vr, ident, ts_ns)
     out = []
     for k in range(comp.n_trays):
         st = comp.agents.status(k, tr.gpu_power_w)
         s = st.settings
         gpus = []
-        for g in range(k * gpt, (k + 1) * gpt):
+        for i, g in enumerate(range(k * gpt, (k + 1) * gpt)):
+            reasons = list(_THERMAL) if tr.gpu_throttled[g] else []
+            if st.gpu_power_capped and st.gpu_power_capped[i]:
+                reasons.insert(0, "sw_power_cap")
             item: dict[str, Any] = {
                 "gpu": g,
                 "power_w": float(tr.gpu_power_w[g]),
-                "demand_w": float(tr.gpu_demand_w[g]),
-                "request_w": float(tr.gpu_request_w[g]),
                 "temp_c": float(tr.gpu_tj_c[g]),
-                "plate_temp_c": float(tr.gpu_plate_temp_c[g]),
                 "t_limit_c": float(tr.gpu_t_limit_c[g]),
-                "throttled": bool(tr.gpu_throttled[g]),
+                "throttle_reasons": reasons,
                 "shut_down": not bool(tr.gpu_on[g]),
-                "traffic": float(tr.gpu_traffic[g]),
+                "utilization": float(tr.gpu_traffic[g]),
                 "uptime_s": None if uptime is None else float(uptime[g]),
                 "boot_id": None if boot is None else int(boot[g]),
                 "ports": None
@@ -438,14 +532,14 @@ def tray_payloads(
             }
             gpus.append(item)
         out.append((f"tray{k:02d}", {
-            **stamp,
+            "schema_version": SCHEMA_VERSION,
+            "ts_ns": ts_ns, "site": ident.site, "row": ident.row, "rack": ident.rack,
             "tray": k,
             "powered": bool(tr.tray_powered[k]),
             "power_w": float(tr.tray_power_w[k]),
             "coolant_out_temp_c": float(tr.tray_coolant_out_c[k]),
             "leak": bool(tr.leaks.tray_leak[k]),
             "leak_sensor_fault": bool(tr.leaks.tray_sensor_fault[k]),
-            "cold_plate_conductance_factor": tr.conductance_factors[k],
             "agent": {
                 "enforced_gpu_cap_w": st.enforced_gpu_cap_w,
                 "enforced_tray_cap_w": st.enforced_tray_cap_w,
@@ -459,10 +553,65 @@ def tray_payloads(
                 "capping": st.capping,
                 "flooring": st.flooring,
                 "ramp_limited": st.ramp_limited,
+                "epoch": st.epoch,
+                "cap_expires_in_s": None if st.cap_expires_in_s is None
+                else round(st.cap_expires_in_s, 3),
             },
             "gpus": gpus,
         }))
     return out
+
+
+def truth_payload(vr: VirtualRack, ident: Identity, ts_ns: int) -> dict[str, Any]:
+    """`TruthTelemetry`: the simulator's truth of every compute tray now (``telemetry/truth``;
+    what the node-agent contract leaves out)."""
+    tr = vr.truth()
+    comp = vr.compute
+    gpt = comp.gpus_per_tray
+    scale = np.where(tr.gpu_on, np.where(tr.gpu_request_w > 0.0, tr.gpu_power_w
+                                         / np.maximum(tr.gpu_request_w, 1e-9), 1.0), 0.0)
+    trays = []
+    for k in range(comp.n_trays):
+        g = slice(k * gpt, (k + 1) * gpt)
+        trays.append({
+            "tray": k,
+            "cold_plate_conductance_factor": float(tr.conductance_factors[k]),
+            "gpu_demand_w": [float(x) for x in tr.gpu_demand_w[g]],
+            "gpu_request_w": [float(x) for x in tr.gpu_request_w[g]],
+            "gpu_plate_temp_c": [float(x) for x in tr.gpu_plate_temp_c[g]],
+            "gpu_traffic": [float(x) for x in tr.gpu_traffic[g]],
+            "gpu_throttle_scale": [round(float(min(x, 1.0)), 6) for x in scale[g]],
+        })
+    return {**_stamp(vr, ident, ts_ns), "trays": trays}
+
+
+def apply_power_limits(vr: VirtualRack, args: SetPowerLimitsArgs | Mapping[str, Any]) -> None:
+    """Apply a ``set_power_limits`` (contract v1) to the rack's node agents, as an agent does:
+    all trays or none, a command older than the newest epoch seen dropped, a cap armed for
+    ``ttl_s``. ``args``: the model, or the wire args as a dict (validated strictly).
+
+    Raises:
+        CommandError: ``invalid_args`` (not the contract), ``unknown_tray``, ``stale_epoch``,
+            ``out_of_range`` (settings an agent refuses); nothing changes then.
+    """
+    if not isinstance(args, SetPowerLimitsArgs):
+        try:
+            args = SetPowerLimitsArgs.model_validate(dict(args), strict=True)
+        except ValidationError as err:
+            raise CommandError("invalid_args", str(err).splitlines()[0] + ": "
+                               + "; ".join(e["msg"] for e in err.errors())) from None
+    n = vr.compute.n_trays
+    bad = [t for t in args.trays if not 0 <= t < n]
+    if bad:
+        raise CommandError("unknown_tray", f"trays {bad} do not exist (0..{n - 1})")
+    try:
+        vr.agents.command(list(args.trays), epoch=args.epoch, changes=args.changes(),
+                          release=tuple(args.release),
+                          ttl_s=args.ttl_s if "ttl_s" in args.model_fields_set else None)
+    except StaleEpoch as err:
+        raise CommandError("stale_epoch", str(err)) from None
+    except ValueError as err:
+        raise CommandError("out_of_range", str(err)) from None
 
 
 def power_payload(vr: VirtualRack, ident: Identity, ts_ns: int) -> dict[str, Any]:
@@ -552,6 +701,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "sim.telemetry.tray": TrayTelemetry,
     "sim.telemetry.power": PowerTelemetry,
     "sim.telemetry.env": EnvTelemetry,
+    "sim.telemetry.truth": TruthTelemetry,
     "sim.state.scenario": ScenarioState,
     "sim.state.faults": FaultsState,
     "sim.state.faces": FacesState,

@@ -1,36 +1,94 @@
-"""The node-agent tray telemetry contract: one ``telemetry/trayNN`` message per compute tray
-per interval (1 s), as a node agent (or the virtual rack, `sims.telemetry.tray_payloads`)
-publishes it and racky reads it (`racky.core.telemetry.TelemetryIngest`).
+"""The node-agent contract v1: one ``telemetry/trayNN`` message per compute tray per interval
+(1 s), as a node agent (or the virtual rack, `sims.telemetry.tray_payloads`) publishes it and
+racky reads it (`racky.core.telemetry.TelemetryIngest`); and the command side's constants
+(``set_power_limits``: caps with a TTL and the sender's epoch; the args model is
+`sims.telemetry.SetPowerLimitsArgs`). docs/CONTRACTS.md "Node-agent contract v1" is the
+interface for third-party agents.
+
+Only what an agent on a real tray can observe is in the telemetry (per-GPU power,
+temperatures and T.Limit margin, clock-event (throttle) reasons, utilisation, the enforced
+caps and limits, link counters with their widths, leak states and sensor faults, uptime and
+boot id, the agent's own timestamp ``ts_ns``); never simulator truth (plant time, demand,
+cold-plate fouling: the simulator publishes those on its own topic, ``sim/telemetry/truth``).
+
+Versioning: every message carries ``schema_version`` ``"MAJOR.MINOR"`` (this is
+`SCHEMA_VERSION`). A different MAJOR is refused (`UnsupportedVersion`). A newer MINOR may add
+fields: racky accepts such a message, ignores the fields it does not know and reports their
+key paths (`DecodedTray.ignored`); a message of this MINOR or older with an unknown field is
+refused (it is a mistake, not an extension). Wrong types and missing required fields are
+refused whatever the version.
 
 These models are the one definition of the payload: the simulator validates against them, the
 ``sim.telemetry.tray`` JSON Schema is generated from them (``python -m sims.telemetry
---write-schemas``; docs/CONTRACTS.md), and racky keeps the agent block as an `AgentStruct`
-(the same fields; racky never imports ``sims``). racky does not run pydantic per message (a
-13 kB message every few ms): it decodes and type-checks with msgspec Structs generated from
-these models (`decode_tray`, `convert_tray`: one definition, the Structs cannot drift),
-refuses a payload whole naming the key path (any missing required field, wrong type or
-unknown field), and additionally refuses non-finite numbers, negative powers (marked below),
-negative agent figures, a ``ts_ns`` outside [0, 2**63), a repeated GPU index and a missing
-counter of those it keeps (docs/CONTRACTS.md). This module is the only importer of msgspec.
+--write-schemas``), and racky keeps the agent block as an `AgentStruct`. racky does not run
+pydantic per message (a 13 kB message every few ms): it decodes and type-checks with msgspec
+Structs generated from these models (`decode_tray`, `convert_tray`: one definition, the
+Structs cannot drift), refuses a payload whole naming the key path, and additionally refuses
+the out-of-range values the field descriptions name (non-finite numbers, negative powers, a
+``ts_ns`` outside [0, 2**63), a repeated GPU index, a missing counter it keeps;
+docs/CONTRACTS.md). This module is the only importer of msgspec.
 
-Units are in the field names (W, W/s, °C, s, MB/s, bytes/s). A value that is not known is
+Units are in the field names (W, W/s, °C, K, s, MB/s, bytes/s). A value that is not known is
 ``null`` (JSON has no NaN). Tray and GPU indices are 0-based (GPU ``g`` is on tray
 ``g // gpus_per_tray``). Link ports are per GPU, columnar (`PortBlock`): one list per quantity,
-one entry per port in ``names`` order, counters in their native widths (unsigned, < 2**64).
+one entry per port in ``names`` order, counters unsigned in their native widths
+(``counter_bits``).
 """
 
 from __future__ import annotations
 
+import re
 import types
 import typing
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["AgentStruct", "AgentTelemetry", "GpuTelemetry", "NotJsonError", "PortBlock",
-           "TrayShapeError", "TrayStruct", "TrayTelemetry", "convert_tray", "decode_json",
-           "decode_tray", "is_tray_struct", "struct_to_builtins"]
+__all__ = ["CAP_FIELDS", "CLOCK_EVENT_REASONS", "COMMAND_TTL_MAX_S", "COMMAND_TTL_MIN_S",
+           "POWER_CAP_REASONS", "RELEASABLE_FIELDS", "SCHEMA_MAJOR", "SCHEMA_MINOR",
+           "SCHEMA_VERSION", "THERMAL_REASONS", "AgentStruct", "AgentTelemetry", "DecodedTray",
+           "GpuTelemetry", "NotJsonError", "PortBlock", "TrayShapeError", "TrayStruct",
+           "TrayTelemetry", "UnsupportedVersion", "convert_tray", "decode_json", "decode_tray",
+           "is_tray_struct", "parse_version", "struct_to_builtins", "unknown_fields"]
+
+SCHEMA_MAJOR = 1
+SCHEMA_MINOR = 0
+SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
+"""The contract version this code speaks (telemetry ``schema_version``, command args too)."""
+
+CLOCK_EVENT_REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap",
+                       "hw_slowdown", "sync_boost", "sw_thermal_slowdown",
+                       "hw_thermal_slowdown", "hw_power_brake_slowdown",
+                       "display_clock_setting")
+"""The clock-event (throttle) reason names of ``throttle_reasons``: NVML's
+``nvmlClocksEventReason*`` bits (0x1 ... 0x100, in this order) in snake case. Other names are
+accepted and ignored (a newer driver may report more)."""
+
+THERMAL_REASONS = frozenset({"hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown"})
+"""Reasons racky counts as a (thermal / hardware) slowdown of the GPU."""
+
+POWER_CAP_REASONS = frozenset({"sw_power_cap"})
+"""Reasons that say the GPU is held at its enforced power limit (racky infers demand >= cap)."""
+
+CAP_FIELDS = ("power_cap_w", "gpu_power_cap_w")
+"""The command fields that expire at the command's ``ttl_s``."""
+
+RELEASABLE_FIELDS = ("power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s", "ramp_down_w_per_s")
+"""The limits a command may remove by naming them in ``release`` (never by ``null``)."""
+
+COMMAND_TTL_MIN_S = 1.0
+COMMAND_TTL_MAX_S = 3600.0
+"""The range of a command's ``ttl_s``, s."""
+
+_VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")
+
+
+def parse_version(v: str) -> tuple[int, int] | None:
+    """``"MAJOR.MINOR"`` as (major, minor); None when ``v`` is not of that form."""
+    m = _VERSION_RE.match(v)
+    return None if m is None else (int(m.group(1)), int(m.group(2)))
 
 
 class _Payload(BaseModel):
@@ -38,82 +96,105 @@ class _Payload(BaseModel):
 
 
 class PortBlock(_Payload):
-    """One GPU's link ports, columnar: every list has one entry per port, in ``names`` order
-    (`sims.fabric.LinkFabric.snapshot`; counters in their native widths). racky refuses
-    non-finite and negative rates and BER, and counters outside [0, 2**64)."""
+    """One GPU's link ports, columnar: every list has one entry per port, in ``names`` order.
+    racky refuses non-finite and negative rates and BER, and counters outside [0, 2**64)."""
 
-    names: list[str]
-    nvlink: list[bool]
-    link_up: list[bool]
-    speed_mb_per_s: list[float]
-    tx_bytes_per_s: list[float]
-    rx_bytes_per_s: list[float]
-    ber: list[float | None] = Field(description="pre-FEC BER since the last reset; null: unknown")
+    names: list[str] = Field(description="port names, unique within the rack (e.g. gpu07/nvl03)")
+    nvlink: list[bool] = Field(description="true: an NVLink port; false: a NIC port")
+    link_up: list[bool] = Field(description="link state (NVLink: active)")
+    speed_mb_per_s: list[float] = Field(description="line speed per direction, MB/s (0 while "
+                                        "down); >= 0")
+    tx_bytes_per_s: list[float] = Field(description="sent over the last interval, bytes/s; >= 0")
+    rx_bytes_per_s: list[float] = Field(description="received over the last interval, bytes/s; "
+                                        ">= 0")
+    ber: list[float | None] = Field(description="pre-FEC bit error ratio since the last counter "
+                                    "reset, >= 0; null: unknown")
     cable_temp_c: list[float | None] | None = Field(
-        None, description="cable / transceiver temperature where the port reports one; null: "
-        "unknown (the simulator sends none)")
-    counters: dict[str, list[int]]
+        None, description="cable / transceiver temperature, °C, where the port reports one; "
+        "null: unknown")
+    counters: dict[str, list[int]] = Field(
+        description="counter name -> one unsigned integer per port, in [0, 2**bits)")
+    counter_bits: dict[str, int] | None = Field(
+        None, description="counter name -> its native width in bits (8, 16, 32 or 64): the "
+        "counter wraps (or saturates) at 2**bits − 1; null / absent: not stated")
 
 
 class GpuTelemetry(_Payload):
-    """One GPU of a tray."""
+    """One GPU of a tray, as the agent reads it (NVML / DCGM)."""
 
-    gpu: int = Field(description="rack-wide GPU index, 0-based")
-    power_w: float = Field(description="drawn (after throttling); racky refuses < 0")
-    demand_w: float = Field(description="what the workload asked; racky refuses < 0")
-    request_w: float = Field(description="what the node agent let through")
-    temp_c: float = Field(description="junction temperature")
-    plate_temp_c: float
-    t_limit_c: float = Field(description="T.Limit margin = T_maxop − Tj (REFERENCE §1.6)")
-    throttled: bool
-    shut_down: bool
-    traffic: float = Field(description="offered link traffic, 0..1")
-    uptime_s: float | None = None
-    boot_id: int | None = None
-    ports: PortBlock | None = None
+    gpu: int = Field(description="rack-wide GPU index, 0-based, on this tray")
+    power_w: float = Field(description="drawn power, W, >= 0")
+    temp_c: float | None = Field(description="junction temperature, °C; null: unknown")
+    t_limit_c: float | None = Field(
+        description="T.Limit margin, K: T_maxop − Tj (REFERENCE §1.6); null: unknown")
+    throttle_reasons: list[str] = Field(
+        description="active clock-event reasons (NVML nvmlClocksEventReason*, snake case: "
+        "gpu_idle, applications_clocks_setting, sw_power_cap, hw_slowdown, sync_boost, "
+        "sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown, "
+        "display_clock_setting); [] none; unknown names are ignored")
+    shut_down: bool = Field(description="the GPU shut itself down (thermal) or fell off the bus")
+    utilization: float | None = Field(
+        None, description="busy fraction over the last interval, 0..1 (NVML utilization.gpu / "
+        "100); null: unknown")
+    uptime_s: float | None = Field(None, description="s since the GPU's last reset; null: "
+                                   "unknown")
+    boot_id: int | None = Field(None, description="changes on every reset of the GPU, "
+                                "unsigned 64-bit; null: unknown")
+    ports: PortBlock | None = Field(None, description="the GPU's link ports; null / absent: "
+                                    "not read")
 
 
 class AgentTelemetry(_Payload):
     """The tray's node agent as it reports itself: the caps it enforces and the settings in
-    force (`sims.rack.NodeAgentStatus`; per-GPU watts and W/s, REFERENCE §1.3). ``null``
-    caps and ramp limits: none set. racky keeps this block of every accepted tray message."""
+    force (per-GPU watts and W/s, REFERENCE §1.3). ``null`` caps and ramp limits: none set
+    (reporting only; a command never uses null, it names what to ``release``). racky keeps
+    this block of every accepted tray message."""
 
     model_config = ConfigDict(frozen=True)
 
-    enforced_gpu_cap_w: float
-    enforced_tray_cap_w: float
-    floor_w: float
-    power_cap_w: float | None
-    gpu_power_cap_w: float | None
-    power_floor_pct: float
-    ramp_up_w_per_s: float | None
-    ramp_down_w_per_s: float | None
-    ramp_down_hysteresis_s: float
-    capping: bool
-    flooring: bool
-    ramp_limited: bool
+    enforced_gpu_cap_w: float = Field(description="per-GPU power limit in force, W, >= 0")
+    enforced_tray_cap_w: float = Field(description="the same as a tray figure, W, >= 0")
+    floor_w: float = Field(description="per-GPU power floor in force, W, >= 0")
+    power_cap_w: float | None = Field(description="tray cap set, W, >= 0; null: none")
+    gpu_power_cap_w: float | None = Field(description="per-GPU cap set, W, >= 0; null: none")
+    power_floor_pct: float = Field(description="per-GPU floor set, % of TGP, >= 0")
+    ramp_up_w_per_s: float | None = Field(description="per-GPU ramp-up limit, W/s, >= 0; null: "
+                                          "none")
+    ramp_down_w_per_s: float | None = Field(description="per-GPU ramp-down limit, W/s, >= 0; "
+                                            "null: none")
+    ramp_down_hysteresis_s: float = Field(description="hold before a ramp-down, s, >= 0")
+    capping: bool = Field(description="a cap holds some GPU below what it would draw")
+    flooring: bool = Field(description="the floor makes some GPU draw more than it would")
+    ramp_limited: bool = Field(description="a ramp limit holds some GPU away from its target")
+    epoch: int | None = Field(None, description="newest command epoch the agent has seen "
+                              "(older ones are dropped); null: no command yet")
+    cap_expires_in_s: float | None = Field(
+        None, description="s until the caps set expire (their command's ttl_s), >= 0; null: "
+        "no cap set")
 
 
 class TrayTelemetry(_Payload):
     """``telemetry/trayNN``: one compute tray, its agent and GPUs (one message per tray per
     interval). racky refuses a message whose ``ts_ns`` is not newer than the tray's last."""
 
-    model_config = ConfigDict(title="sim telemetry/tray")
+    model_config = ConfigDict(title="node-agent telemetry/tray (contract v1)")
 
-    ts_ns: int = Field(description="wall-clock timestamp, ns since the epoch")
-    t_s: float = Field(description="plant time, s since the scenario started")
+    schema_version: str = Field(description="contract version MAJOR.MINOR, e.g. \"1.0\"; "
+                                "racky refuses another MAJOR")
+    ts_ns: int = Field(description="the agent's wall-clock timestamp, ns since the epoch, in "
+                       "[0, 2**63)")
     site: str
     row: str
     rack: str
-    tray: int
-    powered: bool
-    power_w: float = Field(description="racky refuses < 0")
-    coolant_out_temp_c: float
-    leak: bool
-    leak_sensor_fault: bool
-    cold_plate_conductance_factor: float = Field(description="1 = clean (simulator truth)")
+    tray: int = Field(description="tray index, 0-based (the topic's NN)")
+    powered: bool = Field(description="tray power on")
+    power_w: float = Field(description="tray input power, W, >= 0")
+    coolant_out_temp_c: float = Field(description="tray coolant outlet temperature, °C")
+    leak: bool = Field(description="the tray's leak sensor reads wet")
+    leak_sensor_fault: bool = Field(description="the tray's leak sensor is faulted (its leak "
+                                    "reading means nothing)")
     agent: AgentTelemetry
-    gpus: list[GpuTelemetry]
+    gpus: list[GpuTelemetry] = Field(description="every GPU of the tray, one entry each")
 
 
 # --- the same contract as msgspec Structs (racky's decoder) ----------------------------------
@@ -126,9 +207,24 @@ class NotJsonError(ValueError):
 
 
 class TrayShapeError(ValueError):
-    """JSON that is not a `TrayTelemetry` (a wrong type, a missing required or an unknown
-    field, an integer beyond a double's range in a float field); the message names the key
-    path (msgspec's, e.g. ``$.gpus[0].power_w``)."""
+    """JSON that is not a `TrayTelemetry` (a wrong type, a missing required field, an unknown
+    field in a message of this contract's minor version or older, an integer beyond a
+    double's range in a float field); the message names the key path (msgspec's, e.g.
+    ``$.gpus[0].power_w``)."""
+
+
+class UnsupportedVersion(ValueError):
+    """A message of another major contract version (or a ``schema_version`` that is not
+    ``MAJOR.MINOR``); the message says which."""
+
+
+class DecodedTray(NamedTuple):
+    """A decoded tray message: the `TrayStruct` and the key paths of the fields it carried that
+    this contract does not know (only ever non-empty for a newer minor version), e.g.
+    ``gpus[].fan_rpm``."""
+
+    struct: Any
+    ignored: frozenset[str]
 
 
 def _msgspec_type(ann: Any, structs: dict[type[BaseModel], Any]) -> Any:
@@ -144,16 +240,18 @@ def _msgspec_type(ann: Any, structs: dict[type[BaseModel], Any]) -> Any:
     return origin[args if len(args) > 1 else args[0]]
 
 
-def _struct_of(model: type[BaseModel], structs: dict[type[BaseModel], Any]) -> Any:
+def _struct_of(model: type[BaseModel], structs: dict[type[BaseModel], Any], *,
+               lenient: bool = False) -> Any:
     """A msgspec Struct with ``model``'s fields (same names, types, defaults, ``extra=forbid``
-    as unknown fields forbidden, ``frozen`` kept)."""
+    as unknown fields forbidden unless ``lenient``, ``frozen`` kept)."""
     fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
     for name, info in model.model_fields.items():
         typ = _msgspec_type(info.annotation, structs)
         fields.append((name, typ) if info.is_required() else (name, typ, info.default))
     struct = msgspec.defstruct(
-        f"{model.__name__}Struct", fields, module=__name__, kw_only=True,
-        forbid_unknown_fields=model.model_config.get("extra") == "forbid",
+        f"{model.__name__}{'Lenient' if lenient else ''}Struct", fields, module=__name__,
+        kw_only=True,
+        forbid_unknown_fields=not lenient and model.model_config.get("extra") == "forbid",
         frozen=bool(model.model_config.get("frozen")))
     structs[model] = struct
     return struct
@@ -172,7 +270,23 @@ TrayStruct: Any = _struct_of(TrayTelemetry, _STRUCTS)
 """`TrayTelemetry` as a msgspec Struct, generated from the models above (the types are
 ``Any`` to mypy: they are built at import time)."""
 
+# a newer minor version: the same Structs with unknown fields ignored (the agent block is
+# the strict one's type: racky keeps it as an `AgentStruct`, and its unknown fields are dropped
+# by the lenient decode all the same)
+_LENIENT: dict[type[BaseModel], Any] = {}
+_struct_of(PortBlock, _LENIENT, lenient=True)
+_struct_of(GpuTelemetry, _LENIENT, lenient=True)
+_struct_of(AgentTelemetry, _LENIENT, lenient=True)
+_TrayLenientStruct: Any = _struct_of(TrayTelemetry, _LENIENT, lenient=True)
+
+
+class _VersionOnly(msgspec.Struct):
+    schema_version: Any = None
+
+
 _TRAY_DECODER = msgspec.json.Decoder(TrayStruct)
+_LENIENT_DECODER = msgspec.json.Decoder(_TrayLenientStruct)
+_VERSION_DECODER = msgspec.json.Decoder(_VersionOnly)
 _JSON_DECODER = msgspec.json.Decoder()
 
 
@@ -197,27 +311,113 @@ def _shape_error(err: msgspec.ValidationError, src: bytes | object) -> TrayShape
     return TrayShapeError(text)
 
 
-def decode_tray(raw: bytes) -> Any:
-    """A ``telemetry/trayNN`` message's bytes as a `TrayStruct`: decoded and type-checked in
-    one pass (msgspec 0.23, ~25 µs for a 13 kB tray message). Strict like pydantic's strict
-    mode, except that an int is accepted for a float field (as JSON does); integers are not
-    range-checked (racky does that); NaN / Infinity are not JSON and are refused.
+def _version_of(v: object) -> tuple[int, int] | None:
+    """The (major, minor) of a ``schema_version`` value; None when it is not a string (the
+    Struct decode names that)."""
+    if not isinstance(v, str):
+        return None
+    mm = parse_version(v)
+    if mm is None:
+        raise UnsupportedVersion(f"schema_version {v!r} is not MAJOR.MINOR (this reader speaks "
+                                 f"{SCHEMA_VERSION}) - at `$.schema_version`")
+    if mm[0] != SCHEMA_MAJOR:
+        raise UnsupportedVersion(f"schema_version {v!r}: major version {mm[0]} is not "
+                                 f"supported (this reader speaks {SCHEMA_MAJOR}.x)")
+    return mm
+
+
+def unknown_fields(obj: Any, model: type[BaseModel] = TrayTelemetry, path: str = ""
+                   ) -> set[str]:
+    """Key paths of the fields in plain JSON ``obj`` that ``model`` (and its nested models)
+    does not define: ``name``, ``agent.name``, ``gpus[].name``, ``gpus[].ports.name``."""
+    out: set[str] = set()
+    if not isinstance(obj, Mapping):
+        return out
+    fields = model.model_fields
+    for k, v in obj.items():
+        info = fields.get(k)
+        if info is None:
+            out.add(f"{path}{k}")
+            continue
+        sub = _model_in(info.annotation)
+        if sub is None:
+            continue
+        if isinstance(v, list):
+            for x in v:
+                out |= unknown_fields(x, sub, f"{path}{k}[].")
+        else:
+            out |= unknown_fields(v, sub, f"{path}{k}.")
+    return out
+
+
+def _model_in(ann: Any) -> type[BaseModel] | None:
+    """The model an annotation holds (``X``, ``X | None``, ``list[X]``), if any."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for a in typing.get_args(ann):
+        m = _model_in(a)
+        if m is not None:
+            return m
+    return None
+
+
+def _lenient_retry(strict_err: msgspec.ValidationError, src: bytes | object) -> DecodedTray:
+    """After the strict decode refused ``src``: a clearer refusal for another major version,
+    or, for a newer minor version, the lenient decode with the ignored fields listed."""
+    try:
+        if isinstance(src, bytes):
+            v = _VERSION_DECODER.decode(src).schema_version
+        else:
+            v = src.get("schema_version") if isinstance(src, Mapping) else None
+    except (msgspec.DecodeError, RecursionError):
+        raise _shape_error(strict_err, src) from None
+    mm = _version_of(v)
+    if mm is None or mm[1] <= SCHEMA_MINOR:
+        raise _shape_error(strict_err, src)
+    try:
+        if isinstance(src, bytes):
+            m = _LENIENT_DECODER.decode(src)
+            plain = _JSON_DECODER.decode(src)
+        else:
+            m = msgspec.convert(src, _TrayLenientStruct)
+            plain = src
+    except msgspec.ValidationError as err:
+        raise TrayShapeError(str(err)) from None
+    return DecodedTray(_as_strict(m), frozenset(unknown_fields(plain)))
+
+
+def _as_strict(m: Any) -> Any:
+    """A lenient `_TrayLenientStruct` as the strict `TrayStruct` (same fields)."""
+    return msgspec.convert(msgspec.to_builtins(m), TrayStruct)
+
+
+def decode_tray(raw: bytes) -> DecodedTray:
+    """A ``telemetry/trayNN`` message's bytes as a `TrayStruct` (and the unknown fields of a
+    newer minor version): decoded and type-checked in one pass (msgspec 0.23, ~25 µs for a
+    13 kB tray message). Strict like pydantic's strict mode, except that an int is accepted
+    for a float field (as JSON does); integers are not range-checked (racky does that);
+    NaN / Infinity are not JSON and are refused. A message of a newer minor version with
+    fields this contract does not know is decoded a second time with them ignored (and a
+    third, generically, to name them): slower, only for newer agents.
 
     Duplicate keys are not detected (msgspec reads the last one; detecting them would need a
     second parse): the last value of a repeated key wins.
 
     Raises:
         NotJsonError: not JSON (see there).
+        UnsupportedVersion: another major version, or a version that is not MAJOR.MINOR.
         TrayShapeError: JSON of the wrong shape, naming the key path.
     """
     try:
-        return _TRAY_DECODER.decode(raw)
+        m = _TRAY_DECODER.decode(raw)
     except msgspec.ValidationError as err:  # also an integer beyond a double in a float field
-        raise _shape_error(err, raw) from None
+        return _lenient_retry(err, raw)
     except msgspec.DecodeError as err:
         raise NotJsonError(str(err)) from None
     except RecursionError:  # msgspec raises it for very deep nesting (100k levels)
         raise NotJsonError("nesting too deep") from None
+    _version_of(m.schema_version)
+    return DecodedTray(m, frozenset())
 
 
 def decode_json(raw: bytes) -> Any:
@@ -234,24 +434,28 @@ def decode_json(raw: bytes) -> Any:
         raise NotJsonError("nesting too deep") from None
 
 
-def convert_tray(obj: Any) -> Any:
+def convert_tray(obj: Any) -> DecodedTray:
     """Already-decoded JSON (a dict, as the lock-step runner passes the simulator's payloads)
-    as a `TrayStruct`, with the same strictness as `decode_tray` (but a float NaN / inf in
-    ``obj`` passes: the caller checks finiteness).
+    as a `TrayStruct` (and the unknown fields of a newer minor version), with the same
+    strictness as `decode_tray` (but a float NaN / inf in ``obj`` passes: the caller checks
+    finiteness).
 
     Raises:
+        UnsupportedVersion: another major version, or a version that is not MAJOR.MINOR.
         TrayShapeError: the wrong shape, naming the key path.
     """
     try:
-        return msgspec.convert(obj, TrayStruct)
+        m = msgspec.convert(obj, TrayStruct)
     except msgspec.ValidationError as err:
-        raise _shape_error(err, obj) from None
+        return _lenient_retry(err, obj)
     except RecursionError:
         raise TrayShapeError("nesting too deep") from None
+    _version_of(m.schema_version)
+    return DecodedTray(m, frozenset())
 
 
 def is_tray_struct(obj: object) -> bool:
-    """``obj`` is a `TrayStruct` (as `decode_tray` returns)."""
+    """``obj`` is a `TrayStruct` (as `decode_tray` returns in `DecodedTray.struct`)."""
     return type(obj) is TrayStruct
 
 

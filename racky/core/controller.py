@@ -75,6 +75,9 @@ LINK_KINDS = frozenset(k.kind for k in LINK_ALARM_KINDS if k.kind not in (
     "port_silent", "gpu_stalled", "gpu_burst", "counter_unknown"))
 REASSERT = "re-assert (reported settings drifted)"
 """Reason of a command that re-sends unchanged settings to an agent that does not hold them."""
+REFRESH = "refresh (caps' TTL)"
+"""Reason of a command that re-sends a capped tray's unchanged settings before their TTL ends
+(node-agent contract v1, `racky.core.power.CAP_REFRESH_S`)."""
 POWER_GRACE_S = 30.0
 """Link events of a tray's ports within this long of a power switch are its power cycle."""
 
@@ -275,13 +278,17 @@ class RackyCore:
         resend, drift = self.recon.step(now, desired, trays, fresh)
         resend = [k for k in resend if k not in {t for c in cmds for t in c.trays}]
         if resend:
-            again = diff_commands([None] * len(resend), [desired[k] for k in resend], "")
-            cmds += [AgentCommand(tuple(resend[i] for i in c.trays), c.args, REASSERT)
-                     for c in again]
+            refreshed = self.recon.refreshed  # capped trays due for their TTL refresh
+            for reason, ks in ((REASSERT, [k for k in resend if k not in refreshed]),
+                               (REFRESH, [k for k in resend if k in refreshed])):
+                if ks:
+                    again = diff_commands([None] * len(ks), [desired[k] for k in ks], "")
+                    cmds += [AgentCommand(tuple(ks[i] for i in c.trays), c.args, reason)
+                             for c in again]
         for c in cmds:
             for k in c.trays:
                 self.last_sent[k] = desired[k]
-            if c.reason == REASSERT:  # the drift persists across re-asserts: keep its age
+            if c.reason in (REASSERT, REFRESH):  # a drift persists across re-asserts: its age
                 self.recon.note_reasserted(c.trays, now)
             else:
                 self.recon.note_sent(c.trays, now)

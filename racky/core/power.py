@@ -20,12 +20,15 @@ from room left by caps the agents already *report* lower (so whatever order the 
 a batch, Σ caps stays within the limit). Falls are immediate when the rack is over its limit,
 else ramp-limited too.
 
-**Sequencing** (`Sequencer`): tray power on/off (not the safety power-downs, which are
+**Sequencing, desired settings, reconciliation** (`racky.core.agent_settings`, re-exported
+here): `Sequencer`: tray power on/off (not the safety power-downs, which are
 immediate) is staggered so that at most ``inrush_limit_w`` is switched per ``stagger_s``.
 
 **Reconciliation** (`Reconciler`): the desired settings of every tray against what its agent
 reports; a mismatch older than ``reconcile_confirm_s`` is re-asserted (at most once per that
 period, counted), one older than ``drift_alarm_s`` raises ``cap_drift.<tray>`` naming it.
+Caps carry a TTL on the wire (node-agent contract v1, ``CAP_TTL_S``): a capped tray's
+settings are re-sent when nothing went to it for ``CAP_REFRESH_S``.
 
 **Blast radius** (`BlastRadius`): at most ``max_actions`` automated actions per ``window_s``;
 safety actions are exempt (DESIGN §3 Safety).
@@ -36,9 +39,8 @@ from __future__ import annotations
 import functools
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,11 +50,26 @@ from racky.config import (
     DerateSettings,
     NodeAgentsSettings,
     PowerSettings,
-    SequencingSettings,
     ShelfPoints,
 )
+from racky.core.agent_settings import (
+    CAP_REFRESH_S,
+    CAP_TTL_S,
+    AgentCommand,
+    DesiredTray,
+    Reconciler,
+    Sequencer,
+    diff_commands,
+    with_powered,
+)
 from racky.core.alarmbank import AlarmKind
-from racky.core.telemetry import TrayReading, TrayTable
+from racky.core.telemetry import TrayTable
+
+__all__ = ["CAP_REFRESH_S", "CAP_TTL_S", "GRID_EFFICIENCY", "POWER_ALARM_KINDS",
+           "AgentCommand", "BlastRadius", "CapAllocator", "CapacityGuard", "Derate",
+           "DesiredTray", "LimitState", "Reconciler", "RequestedCap", "Sequencer",
+           "ShelfView", "SmoothingSettings", "TrayPowerView", "diff_commands", "rack_limit",
+           "read_shelves", "smoothing", "with_powered"]
 
 POWER_ALARM_KINDS: tuple[AlarmKind, ...] = (
     # 3 missed 1 s polls, and not before the first reads had time to come (start-up inhibit)
@@ -341,8 +358,10 @@ class CapAllocator:
 
     def demand(self, t: TrayTable) -> np.ndarray:
         """Per-tray demand estimate (W): the GPUs' demand scaled to the tray (their measured
-        share) where reported, else the power (+10 % when the agent says it is capping); peak
-        over ``demand_hold_s``."""
+        share) where known, else the power (+10 % when the agent says it is capping); peak
+        over ``demand_hold_s``. No agent measures demand: the GPUs' figure is racky's
+        inference from what they report (`racky.core.telemetry.infer_gpu_demand_w`: the
+        power, or more than the cap for a GPU held at it by the power-cap reason)."""
         g = self.agents.gpus_per_tray
         gp = np.nansum(t.gpu_power_w.reshape(self.n, g), axis=1)
         dem = t.gpu_demand_w.reshape(self.n, g)
@@ -445,185 +464,6 @@ def _water_fill(want: np.ndarray, total: float) -> np.ndarray:
     return out
 
 
-# --- desired tray settings, sequencing, reconciliation ----------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DesiredTray:
-    """What racky wants a tray's agent to hold (the agent contract's fields)."""
-
-    powered: bool = True
-    power_cap_w: float | None = None
-    gpu_power_cap_w: float | None = None
-    power_floor_pct: float = 0.0
-    ramp_up_w_per_s: float | None = None
-    ramp_down_w_per_s: float | None = None
-    ramp_down_hysteresis_s: float = 0.0
-
-    def args(self) -> dict[str, Any]:
-        """The ``set_power_limits`` args of these settings (without ``trays``)."""
-        return {
-            "powered": self.powered, "power_cap_w": self.power_cap_w,
-            "gpu_power_cap_w": self.gpu_power_cap_w, "power_floor_pct": self.power_floor_pct,
-            "ramp_up_w_per_s": self.ramp_up_w_per_s,
-            "ramp_down_w_per_s": self.ramp_down_w_per_s,
-            "ramp_down_hysteresis_s": self.ramp_down_hysteresis_s,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class AgentCommand:
-    """A ``set_power_limits`` to send: ``trays`` and the changed ``args``."""
-
-    trays: tuple[int, ...]
-    args: dict[str, Any]
-    reason: str
-
-
-def diff_commands(old: Sequence[DesiredTray | None], new: Sequence[DesiredTray],
-                  reason: str, force: Sequence[int] = ()) -> list[AgentCommand]:
-    """Commands that take the agents from ``old`` (None: unknown, send everything) to
-    ``new``: trays with the same changed fields and values share a command (<= 64 trays)."""
-    groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
-    forced = set(force)
-    for k, (o, n) in enumerate(zip(old, new, strict=True)):
-        na = n.args()
-        if o is None or k in forced:
-            changed = tuple(sorted(na.items()))
-        else:
-            oa = o.args()
-            changed = tuple(sorted((f, v) for f, v in na.items() if oa[f] != v))
-        if changed:
-            groups.setdefault(changed, []).append(k)
-    out = []
-    for fields, trays in groups.items():
-        for i in range(0, len(trays), 64):
-            out.append(AgentCommand(tuple(trays[i:i + 64]), dict(fields), reason))
-    return out
-
-
-class Sequencer:
-    """Staggered tray power on/off within an inrush limit (module docstring)."""
-
-    def __init__(self, cfg: SequencingSettings, n_trays: int) -> None:
-        self.cfg = cfg
-        self.n = n_trays
-        self._queue: deque[tuple[int, bool]] = deque()
-        self._recent: deque[tuple[float, float]] = deque()  # (t, W switched)
-
-    @property
-    def pending(self) -> list[tuple[int, bool]]:
-        """Switchings still queued: (tray, power on) in order."""
-        return list(self._queue)
-
-    def request(self, trays: Sequence[int], powered: bool) -> None:
-        """Queue trays to switch (a later request for a tray replaces an earlier one)."""
-        drop = set(trays)
-        self._queue = deque((t, p) for t, p in self._queue if t not in drop)
-        self._queue.extend((t, powered) for t in trays)
-
-    def cancel(self, trays: Sequence[int]) -> None:
-        """Drop the queued switchings of ``trays`` (a safety power-down overrides them)."""
-        drop = set(trays)
-        self._queue = deque((t, p) for t, p in self._queue if t not in drop)
-
-    def step(self, now: float) -> list[tuple[int, bool]]:
-        """The switches allowed now (at most ``inrush_limit_w`` per ``stagger_s``)."""
-        c = self.cfg
-        while self._recent and now - self._recent[0][0] >= c.stagger_s - 1e-9:
-            self._recent.popleft()
-        used = sum(w for _, w in self._recent)
-        out: list[tuple[int, bool]] = []
-        while self._queue and (used + c.tray_inrush_w <= c.inrush_limit_w + 1e-9
-                               or (not self._recent and not out)):
-            t, p = self._queue.popleft()
-            out.append((t, p))
-            used += c.tray_inrush_w
-            self._recent.append((now, c.tray_inrush_w))
-        return out
-
-
-class Reconciler:
-    """Desired vs reported agent settings per tray (module docstring)."""
-
-    def __init__(self, cfg: PowerSettings, n_trays: int) -> None:
-        self.cfg = cfg
-        self.n = n_trays
-        self._since = np.full(n_trays, np.nan)
-        self._last_assert = np.full(n_trays, -np.inf)
-        self.reasserts = 0
-        self.mismatch: dict[int, str] = {}
-
-    def note_sent(self, trays: Sequence[int], now: float) -> None:
-        """New settings for ``trays`` went out: judge them afresh from now."""
-        for k in trays:
-            self._since[k] = np.nan
-            self._last_assert[k] = now
-
-    def note_reasserted(self, trays: Sequence[int], now: float) -> None:
-        """Unchanged settings were re-sent to ``trays``: the next reading judged is one newer
-        than this, but the mismatch keeps its age (an agent that accepts and does not hold a
-        cap still drifts, and ``drift_alarm_s`` still raises its alarm)."""
-        for k in trays:
-            self._last_assert[k] = now
-
-    def step(self, now: float, desired: Sequence[DesiredTray],
-             readings: Mapping[int, TrayReading], fresh: np.ndarray
-             ) -> tuple[list[int], dict[int, str]]:
-        """Trays to re-assert now, and trays drifting long enough to alarm (with detail)."""
-        tol = self.cfg.reconcile_tolerance_w
-        resend: list[int] = []
-        drift: dict[int, str] = {}
-        self.mismatch = {}
-        for k in range(self.n):
-            r = readings.get(k)
-            if r is None or not fresh[k] or r.t_mono <= self._last_assert[k]:
-                continue
-            why = _mismatch(desired[k], r, tol)
-            if why is None:
-                self._since[k] = np.nan
-                continue
-            self.mismatch[k] = why
-            if np.isnan(self._since[k]):
-                self._since[k] = now
-            age = now - self._since[k]
-            if (age >= self.cfg.reconcile_confirm_s - 1e-9
-                    and now - self._last_assert[k] >= self.cfg.reconcile_confirm_s - 1e-9):
-                resend.append(k)
-                self.reasserts += 1
-            if age >= self.cfg.drift_alarm_s - 1e-9:
-                drift[k] = why
-        return resend, drift
-
-
-def _mismatch(d: DesiredTray, r: TrayReading, tol: float) -> str | None:
-    a = r.agent
-    if d.powered != r.powered:
-        return f"powered: desired {d.powered}, reported {r.powered}"
-
-    def differ(x: float | None, y: float | None) -> bool:
-        if x is None or y is None:
-            return (x is None) != (y is None)
-        return abs(x - y) > tol
-
-    if differ(d.power_cap_w, a.power_cap_w):
-        return f"tray cap: desired {_w(d.power_cap_w)}, reported {_w(a.power_cap_w)}"
-    if differ(d.gpu_power_cap_w, a.gpu_power_cap_w):
-        return f"GPU cap: desired {_w(d.gpu_power_cap_w)}, reported {_w(a.gpu_power_cap_w)}"
-    if d.power_cap_w is not None and a.enforced_tray_cap_w > d.power_cap_w + tol:
-        return f"enforced tray cap {a.enforced_tray_cap_w:.0f} W above {d.power_cap_w:.0f} W"
-    if abs(d.power_floor_pct - (0.0 if math.isnan(a.power_floor_pct) else a.power_floor_pct)) \
-            > 0.5:
-        return f"floor: desired {d.power_floor_pct:g} %, reported {a.power_floor_pct:g} %"
-    if differ(d.ramp_up_w_per_s, a.ramp_up_w_per_s) or differ(
-            d.ramp_down_w_per_s, a.ramp_down_w_per_s):
-        return "ramp limits differ"
-    return None
-
-
-def _w(x: float | None) -> str:
-    return "none" if x is None else f"{x:.0f} W"
-
 
 class BlastRadius:
     """At most ``max_actions`` automated actions per ``window_s`` (safety exempt)."""
@@ -701,8 +541,3 @@ def rack_limit(budget_w: float | None, capacity_w: float | None, derate_w: float
         return LimitState()
     src = min(parts, key=lambda k: parts[k])
     return LimitState(parts[src], src, parts)
-
-
-def with_powered(d: DesiredTray, powered: bool) -> DesiredTray:
-    """``d`` with the tray's power state replaced."""
-    return replace(d, powered=powered)

@@ -19,40 +19,57 @@ out-of-range value, a repeated GPU index, a missing counter), the per-field valu
 (the reference, which name the key path) decide. The two agree exactly
 (tests/unit/test_racky_telemetry.py compares them on hundreds of mutated payloads).
 
-`LinkFrame` holds the latest read of every port in columns (shape (ports,) per quantity,
-counters (counters, ports) as uint64 in their native width's range): the detectors work on
-it with numpy alone. Ports are GPU-major (``gpu * ports_per_gpu + j``), the layout learnt
-from the first tray message (every GPU must then carry the same number of ports).
+The link frame (`LinkFrame`) and the port half of the checks are `racky.core.linkframe`.
+
+Node-agent contract v1 (docs/CONTRACTS.md): racky reads only what an agent can observe. The
+GPU demand the cap loop needs is inferred (`infer_gpu_demand_w`: the power, or more than the
+cap for a GPU whose clock-event reasons include the power cap); a newer minor version's
+extra fields are ignored and their key paths kept in ``TelemetryIngest.ignored_fields``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from rackplane.core.tray_contract import (
+    POWER_CAP_REASONS,
+    SCHEMA_VERSION,
+    THERMAL_REASONS,
     AgentStruct,
+    DecodedTray,
     NotJsonError,
     TrayShapeError,
+    UnsupportedVersion,
     convert_tray,
     decode_tray,
     is_tray_struct,
     struct_to_builtins,
 )
+from racky.core.linkframe import (
+    BoolArray,
+    FloatArray,
+    LinkFrame,
+    PayloadError,
+    PortIngest,
+    _agent_num,
+    _bool,
+    _float_column,
+    _list,
+    _num,
+    _PortBlock,
+    _TrayPorts,
+    _watts,
+)
 
-FloatArray = npt.NDArray[np.float64]
-BoolArray = npt.NDArray[np.bool_]
-
-
-class PayloadError(ValueError):
-    """A telemetry payload that cannot be used (the message names the key path)."""
-
+__all__ = ["CAPPED_DEMAND_FACTOR", "CLOCK_STEP_BACK_NS", "TS_NS_MAX", "AgentReading",
+           "LinkFrame", "PayloadError", "StaleMessage", "TelemetryIngest", "TrayReading",
+           "TrayTable", "decode_payload", "infer_gpu_demand_w"]
 
 class StaleMessage(PayloadError):
     """A well-formed payload that is not the tray's newest (retained, duplicate, reordered)."""
@@ -75,33 +92,71 @@ fields, keyword construction), the decoded block itself, or rebuilt by the per-f
 (null caps and ramp limits: None)."""
 
 
-def decode_payload(raw: bytes) -> Any:
-    """A tray message's bytes (UTF-8 JSON) as the contract's `TrayStruct` (decoded and
-    type-checked in one pass by msgspec, ~25 µs for 13 kB, the speed of a plain JSON decode),
-    which `TelemetryIngest.tray_payload` then checks for values.
+def decode_payload(raw: bytes) -> DecodedTray:
+    """A tray message's bytes (UTF-8 JSON) as the contract's `TrayStruct` in a `DecodedTray`
+    (decoded and type-checked in one pass by msgspec, ~25 µs for 13 kB, the speed of a plain
+    JSON decode; with the fields a newer minor version added, ignored), which
+    `TelemetryIngest.tray_payload` then checks for values.
 
     Strict as the contract (`rackplane.core.tray_contract.TrayTelemetry`): every required field
     present (``leak``, ``ts_ns``, every agent field …), types as the models say (an int is
-    accepted for a float; ``1.5`` or ``"1"`` is not an int), unknown fields refused. NaN /
+    accepted for a float; ``1.5`` or ``"1"`` is not an int), unknown fields refused unless
+    ``schema_version`` is a newer minor version of major 1, another major refused. NaN /
     Infinity literals, numbers that overflow a double, invalid UTF-8 and nesting too deep to
     decode are not JSON. A repeated key is not detected: its last value wins (msgspec).
 
     Raises:
-        PayloadError: not valid JSON, or not the contract (msgspec's message names the key
-            path, e.g. ``Object missing required field `leak```, ``... - at `$.ts_ns```);
-            nothing is applied.
+        PayloadError: not valid JSON, another major version of the contract, or not the
+            contract (msgspec's message names the key path, e.g. ``Object missing required
+            field `leak```, ``... - at `$.ts_ns```); nothing is applied.
     """
     try:
         return decode_tray(raw)
     except TrayShapeError as err:
         raise PayloadError(f"payload: not the tray contract ({err})") from None
+    except UnsupportedVersion as err:
+        raise PayloadError(f"payload: unsupported contract version ({err})") from None
     except NotJsonError as err:
         raise PayloadError(f"payload: not valid JSON ({err})") from None
 
 
+CAPPED_DEMAND_FACTOR = 1.1
+"""A GPU held at its cap (the power-cap clock-event reason) wants at least its cap: racky
+takes its demand as this × max(power, enforced cap), so a capped tray's share can grow (the
+cap loop's ramp limits how fast)."""
+
+
+def infer_gpu_demand_w(power_w: FloatArray, enforced_gpu_cap_w: float,
+                       power_capped: BoolArray) -> FloatArray:
+    """Per-GPU demand, W, from what an agent can observe (no agent can measure demand): a
+    GPU whose clock-event reasons include the power cap (``sw_power_cap``) is demand-limited,
+    demand >= its enforced cap, taken as `CAPPED_DEMAND_FACTOR` × max(power, cap); any other
+    GPU's demand is its power (a thermally throttled or ramp-limited GPU may want more: racky
+    cannot tell). NaN power stays NaN.
+
+    Args:
+        power_w: per-GPU power, W, shape (gpus,); enforced_gpu_cap_w: the agent's per-GPU
+            limit, W; power_capped: per GPU, the power-cap reason is active.
+    """
+    capped = np.maximum(power_w, enforced_gpu_cap_w) * CAPPED_DEMAND_FACTOR
+    out: FloatArray = np.where(power_capped, capped, power_w)
+    return out
+
+
+def _reason_flags(reasons: list[list[str]]) -> tuple[BoolArray, BoolArray]:
+    """(thermal slowdown, power capped) per GPU from its clock-event reason names."""
+    thr = np.array([not THERMAL_REASONS.isdisjoint(r) for r in reasons], dtype=bool)
+    cap = np.array([not POWER_CAP_REASONS.isdisjoint(r) for r in reasons], dtype=bool)
+    return thr, cap
+
+
 @dataclass(frozen=True, slots=True)
 class TrayReading:
-    """One tray's telemetry (W, °C); GPU arrays have shape (gpus_per_tray,)."""
+    """One tray's telemetry (W, °C); GPU arrays have shape (gpus_per_tray,).
+    ``gpu_demand_w`` is racky's inference (`infer_gpu_demand_w`), never a reported figure;
+    ``gpu_throttled``: a thermal / HW slowdown reason is active (`THERMAL_REASONS`);
+    ``gpu_power_capped``: the power-cap reason is active; ``gpu_traffic``: the GPU's
+    utilisation (0..1, NaN unknown), the traffic the link checks expect."""
 
     tray: int
     t_mono: float
@@ -121,6 +176,7 @@ class TrayReading:
     gpu_traffic: FloatArray
     gpu_uptime_s: FloatArray
     gpu_boot_id: npt.NDArray[np.uint64]
+    gpu_power_capped: BoolArray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
 
 @dataclass
@@ -181,215 +237,28 @@ class TrayTable:
         return t
 
 
-@dataclass
-class LinkFrame:
-    """The latest read of every port of a rack (see the module docstring).
+_GPU_NUMS = ("power_w", "temp_c", "t_limit_c", "utilization", "uptime_s")
+"""A GPU's numbers, rows of the per-GPU column array (power_w required and >= 0, all finite,
+the others null / absent: unknown, NaN)."""
 
-    Attributes (per port, shape (ports,) unless noted): ``names``; ``is_nvlink``; ``gpu``;
-    ``t_mono`` (when the port was last read, NaN: never); ``link_up``; ``speed_mb_per_s``;
-    ``tx_bytes_per_s``, ``rx_bytes_per_s``; ``ber`` (reported, NaN unknown); ``counters``
-    ((counters, ports) uint64, rows in ``counter_names`` order); ``counter_seen`` ((counters,
-    ports) bool: the telemetry carried it); ``uptime_s`` and ``boot_id`` (the port's GPU;
-    NaN / 0 unknown); ``cable_temp_c`` (NaN unknown); per GPU (gpus,): ``gpu_traffic`` (the
-    traffic the workload implies, 0..1, NaN unknown), ``gpu_power_w``.
-    """
-
-    counter_names: tuple[str, ...]
-    n_gpus: int
-    ports_per_gpu: int
-    names: list[str]
-    is_nvlink: BoolArray
-    gpu: npt.NDArray[np.int64]
-    t_mono: FloatArray
-    link_up: BoolArray
-    speed_mb_per_s: FloatArray
-    tx_bytes_per_s: FloatArray
-    rx_bytes_per_s: FloatArray
-    ber: FloatArray
-    counters: npt.NDArray[np.uint64]
-    counter_seen: BoolArray
-    uptime_s: FloatArray
-    boot_id: npt.NDArray[np.uint64]
-    cable_temp_c: FloatArray
-    gpu_traffic: FloatArray
-    gpu_power_w: FloatArray
-    version: int = 0
-
-    @classmethod
-    def empty(cls, counter_names: Sequence[str], n_gpus: int, ports_per_gpu: int) -> LinkFrame:
-        """A frame with no reads yet."""
-        n = n_gpus * ports_per_gpu
-        c = len(counter_names)
-        return cls(
-            counter_names=tuple(counter_names), n_gpus=n_gpus, ports_per_gpu=ports_per_gpu,
-            names=[f"gpu{p // ports_per_gpu:02d}/port{p % ports_per_gpu:02d}" for p in range(n)],
-            is_nvlink=np.zeros(n, dtype=bool), gpu=np.arange(n, dtype=np.int64) // ports_per_gpu,
-            t_mono=np.full(n, np.nan), link_up=np.zeros(n, dtype=bool),
-            speed_mb_per_s=np.zeros(n), tx_bytes_per_s=np.zeros(n), rx_bytes_per_s=np.zeros(n),
-            ber=np.full(n, np.nan), counters=np.zeros((c, n), dtype=np.uint64),
-            counter_seen=np.zeros((c, n), dtype=bool), uptime_s=np.full(n, np.nan),
-            boot_id=np.zeros(n, dtype=np.uint64), cable_temp_c=np.full(n, np.nan),
-            gpu_traffic=np.full(n_gpus, np.nan), gpu_power_w=np.full(n_gpus, np.nan),
-        )
-
-    @property
-    def n_ports(self) -> int:
-        """Ports in the frame (GPUs × ports per GPU)."""
-        return len(self.names)
-
-    def counter(self, name: str) -> npt.NDArray[np.uint64]:
-        """One counter row (a view)."""
-        return self.counters[self.counter_names.index(name)]
-
-
-def _num(d: Mapping[str, Any], key: str, path: str, *, optional: bool = False) -> float:
-    v = d.get(key)
-    if v is None:
-        if optional:
-            return math.nan
-        raise PayloadError(f"{path}.{key}: missing")
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise PayloadError(f"{path}.{key}: not a number ({v!r})")
-    try:
-        f = float(v)
-    except OverflowError:  # an int beyond a double's range
-        raise PayloadError(f"{path}.{key}: not finite") from None
-    if not math.isfinite(f):
-        raise PayloadError(f"{path}.{key}: not finite")
-    return f
-
-
-def _watts(d: Mapping[str, Any], key: str, path: str, *, optional: bool = False) -> float:
-    """A power in W: finite and >= 0 (a negative power would understate the rack's draw)."""
-    f = _num(d, key, path, optional=optional)
-    if f < 0:
-        raise PayloadError(f"{path}.{key}: {f!r} W is negative")
-    return f
-
-
-def _opt(d: Mapping[str, Any], key: str, path: str) -> float | None:
-    f = _num(d, key, path, optional=True)
-    return None if math.isnan(f) else f
-
-
-def _agent_num(a: Mapping[str, Any], key: str, *, nullable: bool = False) -> float | None:
-    """An agent-block number (a power, cap, ramp, percentage or duration): finite and >= 0
-    (docs/CONTRACTS.md: negative powers are refused), or None where ``nullable`` (none set)."""
-    f = _num(a, key, "agent", optional=nullable)
-    if math.isnan(f):
-        return None
-    if f < 0:
-        raise PayloadError(f"agent.{key}: {f!r} is negative")
-    return f
-
-
-def _bool(d: Mapping[str, Any], key: str, path: str, default: bool | None = None) -> bool:
-    v = d.get(key, default)
-    if not isinstance(v, bool):
-        raise PayloadError(f"{path}.{key}: not a boolean ({v!r})")
-    return v
-
-
-def _list(d: Mapping[str, Any], key: str, path: str, n: int) -> list[Any]:
-    v = d.get(key)
-    if not isinstance(v, list) or len(v) != n:
-        raise PayloadError(f"{path}.{key}: expected a list of {n}")
-    return v
-
-
-_PortBlock = tuple[int, dict[str, Any], float, int, dict[str, npt.NDArray[np.uint64]]]
-"""A checked port block: (GPU, the JSON block, uptime s, boot id, counters converted)."""
-
-_GPU_NUMS = ("power_w", "demand_w", "temp_c", "t_limit_c", "traffic", "uptime_s")
-"""A GPU's numbers, rows of the per-GPU column array (power_w required, all finite, the two
-powers >= 0, the others null / absent: unknown, NaN)."""
-
-_Gpus = tuple[npt.NDArray[np.int64], FloatArray, BoolArray, BoolArray, npt.NDArray[np.uint64],
-              list[tuple[int, dict[str, Any], float, int]]]
-"""A tray's checked GPUs: (index, columns (len(_GPU_NUMS), gpus), throttled, shut down,
-boot id, port blocks (GPU, block, uptime s, boot id) of the GPUs that carry one)."""
-
-@dataclass(slots=True)
-class _TrayPorts:
-    """A tray's port blocks checked and converted in one pass (`TelemetryIngest._ports_struct`):
-    per port (gpus × n,) in payload GPU order, counters (rows, gpus × n) for the frame rows
-    ``counter_rows`` (the others were not carried)."""
-
-    gpus: npt.NDArray[np.int64]
-    n: int
-    names: list[str]
-    nvlink: BoolArray
-    link_up: BoolArray
-    speed_mb_per_s: FloatArray
-    tx_bytes_per_s: FloatArray
-    rx_bytes_per_s: FloatArray
-    ber: FloatArray
-    cable_temp_c: FloatArray
-    counter_rows: list[int]
-    counters: npt.NDArray[np.uint64] | None
-    uptime_s: FloatArray
-    boot_id: npt.NDArray[np.uint64]
-
-
-def _float_column(vals: list[Any], *, nullable: bool, non_negative: bool) -> FloatArray | None:
-    """Typed floats (msgspec checked the types; ``None`` only when ``nullable``, read as NaN)
-    as float64 when all are finite and (``non_negative``) >= 0; else None. The NaNs numpy
-    makes must be the nulls, one for one (a NaN float from an already-decoded dict is
-    refused)."""
-    arr = np.array(vals, dtype=np.float64)
-    if not np.isfinite(arr).all() and (  # a null (NaN here), a NaN or an infinity
-            not nullable or np.isinf(arr).any() or int(np.isnan(arr).sum()) != vals.count(None)):
-        return None
-    if non_negative and (arr < 0).any():  # NaN (a null) compares False
-        return None
-    return arr
-
+_Gpus = tuple[npt.NDArray[np.int64], FloatArray, list[list[str]], BoolArray,
+              npt.NDArray[np.uint64], list[tuple[int, dict[str, Any], float, int]]]
+"""A tray's checked GPUs: (index, columns (len(_GPU_NUMS), gpus), clock-event reasons, shut
+down, boot id, port blocks (GPU, block, uptime s, boot id) of the GPUs that carry one)."""
 
 _AGENT_NUMS = ("enforced_gpu_cap_w", "enforced_tray_cap_w", "floor_w", "power_floor_pct",
                "ramp_down_hysteresis_s", "power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s",
-               "ramp_down_w_per_s")
-"""The agent block's numbers (finite and >= 0 when given; the last four may be null)."""
+               "ramp_down_w_per_s", "cap_expires_in_s")
+"""The agent block's numbers (finite and >= 0 when given; those from the sixth on may be
+null)."""
 
+EPOCH_MAX = 2**63 - 1
+"""Largest command epoch an agent may report (a signed 64-bit count)."""
 
-def _u64_column(vals: Any, n: int) -> npt.NDArray[np.uint64] | None:
-    """``n`` unsigned 64-bit integers from a JSON list, or None when it is not one (floats,
-    booleans, null, negatives, values >= 2**64, wrong length). Vectorised: the element types
-    are checked with one C-level pass (``set(map(type, ...))``) and numpy converts the whole
-    list exactly (it raises OverflowError outside [0, 2**64))."""
-    if not isinstance(vals, list) or len(vals) != n or not set(map(type, vals)) <= {int}:
-        return None
-    try:
-        return np.array(vals, dtype=np.uint64)
-    except (OverflowError, ValueError, TypeError):
-        return None
-
-
-def _finite(x: float) -> bool:
-    try:
-        return math.isfinite(x)
-    except OverflowError:  # an int beyond a double's range
-        return False
-
-
-def _number_column(vals: list[Any], path: str, *, nullable: bool,
-                   non_negative: bool = True) -> None:
-    """Check a JSON list of numbers: finite (and >= 0 when ``non_negative``), ``null`` allowed
-    only when ``nullable`` (unknown).
-
-    Raises:
-        PayloadError: naming ``path`` and the first bad element.
-    """
-    for i, x in enumerate(vals):
-        if x is None and nullable:
-            continue
-        if isinstance(x, bool) or not isinstance(x, int | float) or not _finite(x) or (
-                non_negative and x < 0):
-            raise PayloadError(f"{path}[{i}]: {x!r} is not a finite"
-                               f"{' non-negative' if non_negative else ''} number")
 
 
 @dataclass
-class TelemetryIngest:
+class TelemetryIngest(PortIngest):
     """Parses node-agent telemetry into `TrayReading` s and the rack's `LinkFrame`.
 
     Args:
@@ -406,13 +275,23 @@ class TelemetryIngest:
     stale_messages: int = 0
     clock_steps: int = 0
     last_ts_ns: dict[int, int] = field(default_factory=dict)
+    ignored_fields: set[str] = field(default_factory=set)
+    newest_version: str = SCHEMA_VERSION
+
+    @property
+    def ignored_field_count(self) -> int:
+        """Distinct fields (key paths, e.g. ``gpus[].fan_rpm``) racky accepted and ignored in
+        messages of a newer minor contract version: each counted once (``state/health``)."""
+        return len(self.ignored_fields)
 
     def tray_payload(self, payload: Any, t_mono: float, *, retained: bool = False,
                      expected_tray: int | None = None) -> TrayReading:
         """Parse one ``telemetry/trayNN`` payload received at ``t_mono`` (monotonic s); store it
         and write its ports into the link frame. ``payload``: what `decode_payload` returns (a
-        `TrayStruct`, or plain JSON), or the plain JSON objects (a dict, as the lock-step runner
-        passes the simulator's payloads; type-checked with `convert_tray`, ~9 µs).
+        `DecodedTray`; a bare `TrayStruct` too), or the plain JSON objects (a dict, as the
+        lock-step runner passes the simulator's payloads; type-checked with `convert_tray`,
+        ~9 µs). The fields of a newer minor version it ignored are added to
+        ``ignored_fields`` once the message is accepted.
 
         Freshness comes from the receive time, so a message that is not the agent's newest is
         refused rather than taken as fresh: a retained copy (``retained``, the broker's store,
@@ -427,7 +306,8 @@ class TelemetryIngest:
         Raises:
             PayloadError: anything unusable (nothing is applied then; counted in ``errors``):
                 not the contract (a plain dict is converted with `convert_tray`, as strict as
-                `decode_payload`), ``ts_ns`` outside [0, `TS_NS_MAX`], a tray or GPU index
+                `decode_payload`), another major version,
+                ``ts_ns`` outside [0, `TS_NS_MAX`], a tray or GPU index
                 out of range or repeated, a non-finite number, a negative power / rate / BER /
                 agent figure, a counter of ``counter_names`` missing or outside [0, 2**64),
                 wrong list lengths; `StaleMessage` for the cases above (counted in
@@ -437,7 +317,7 @@ class TelemetryIngest:
             self.stale_messages += 1
             raise StaleMessage("retained telemetry (from the broker's store, age unknown)")
         try:
-            reading, ports, ts = self._parse_any(payload, t_mono)
+            reading, ports, ts, ignored, version = self._parse_any(payload, t_mono)
             if expected_tray is not None and reading.tray != expected_tray:
                 raise PayloadError(f"tray: {reading.tray} in a message on tray "
                                    f"{expected_tray}'s topic")
@@ -452,24 +332,34 @@ class TelemetryIngest:
                                    "(duplicate or out of order)")
             self.clock_steps += 1
         self.last_ts_ns[reading.tray] = ts
+        if ignored:
+            self.ignored_fields |= ignored
+            self.newest_version = version
         if ports:
             self._write_ports(ports, t_mono)
         self.trays[reading.tray] = reading
         return reading
 
     def _parse_any(self, payload: Any, t_mono: float
-                   ) -> tuple[TrayReading, _TrayPorts | list[_PortBlock], int]:
-        """(reading, ports, the agent's ``ts_ns``) from a `TrayStruct` (as `decode_payload`
-        returns) or plain JSON: refused naming msgspec's key path unless it is the contract
-        (`convert_tray`); then the typed path when it can vouch for the values, else the
-        per-field value checks (which refuse naming the key path)."""
+                   ) -> tuple[TrayReading, _TrayPorts | list[_PortBlock], int, frozenset[str],
+                              str]:
+        """(reading, ports, the agent's ``ts_ns``, the ignored fields, the version) from a
+        `DecodedTray` / `TrayStruct` (as `decode_payload` returns) or plain JSON: refused
+        naming msgspec's key path unless it is the contract (`convert_tray`); then the typed
+        path when it can vouch for the values, else the per-field value checks (which refuse
+        naming the key path)."""
+        ignored: frozenset[str] = frozenset()
+        if isinstance(payload, DecodedTray):
+            payload, ignored = payload
         if is_tray_struct(payload):
             m: Any = payload
         elif isinstance(payload, dict):
             try:
-                m = convert_tray(payload)
+                m, ignored = convert_tray(payload)
             except TrayShapeError as err:
                 raise PayloadError(f"payload: not the tray contract ({err})") from None
+            except UnsupportedVersion as err:
+                raise PayloadError(f"payload: unsupported contract version ({err})") from None
         else:
             raise PayloadError("payload: not a JSON object")
         ts = m.ts_ns  # an int (msgspec refuses a bool or a float there)
@@ -477,10 +367,10 @@ class TelemetryIngest:
             raise PayloadError(f"ts_ns: {ts!r} is not in [0, 2**63) ns since the epoch")
         out = self._parse_struct(m, t_mono)
         if out is not None:
-            return out[0], out[1], ts
-        reading, ports = self._parse(payload if payload is not m else struct_to_builtins(m),
-                                     t_mono)
-        return reading, ports, ts
+            return out[0], out[1], ts, ignored, m.schema_version
+        reading, ports = self._parse(payload if payload is not m and not ignored
+                                     else struct_to_builtins(m), t_mono)
+        return reading, ports, ts, ignored, m.schema_version
 
     def _parse_struct(self, m: Any, t_mono: float
                       ) -> tuple[TrayReading, _TrayPorts | list[_PortBlock]] | None:
@@ -499,6 +389,8 @@ class TelemetryIngest:
             x = getattr(agent, key)
             if x is not None and not (math.isfinite(x) and x >= 0):
                 return None
+        if agent.epoch is not None and not 0 <= agent.epoch <= EPOCH_MAX:
+            return None
         power_w = m.power_w
         if not (math.isfinite(power_w) and power_w >= 0 and math.isfinite(m.coolant_out_temp_c)):
             return None
@@ -506,29 +398,31 @@ class TelemetryIngest:
         lo = tray * g
         if min(gis) < lo or max(gis) >= lo + g or len(set(gis)) != g:
             return None  # out of the tray's range, or a GPU repeated (and so another missing)
-        arr = _float_column([x.power_w for x in gl] + [x.demand_w for x in gl]
-                            + [x.temp_c for x in gl] + [x.t_limit_c for x in gl]
-                            + [x.traffic for x in gl] + [x.uptime_s for x in gl],
+        arr = _float_column([x.power_w for x in gl] + [x.temp_c for x in gl]
+                            + [x.t_limit_c for x in gl] + [x.utilization for x in gl]
+                            + [x.uptime_s for x in gl],
                             nullable=True, non_negative=False)
         if arr is None:
             return None
         cols = arr.reshape(len(_GPU_NUMS), g)
-        if (cols[:2] < 0).any():
-            return None  # a negative power
+        if not (cols[0] >= 0).all():
+            return None  # a negative power, or a null one
         boots = [x.boot_id for x in gl]
         for b in boots:
             if b is not None and not 0 <= b < 2**64:
                 return None
         boot = np.array([0 if b is None else b for b in boots], dtype=np.uint64)
+        thr, capped = _reason_flags([x.throttle_reasons for x in gl])
         reading = TrayReading(
             tray=tray, t_mono=float(t_mono), powered=m.powered, power_w=power_w,
             coolant_out_temp_c=m.coolant_out_temp_c, leak=m.leak,
             leak_sensor_fault=m.leak_sensor_fault, agent=agent,
             gpu_index=np.array(gis, dtype=np.int64), gpu_power_w=cols[0],
-            gpu_demand_w=cols[1], gpu_temp_c=cols[2], gpu_t_limit_c=cols[3],
-            gpu_throttled=np.array([x.throttled for x in gl], dtype=bool),
+            gpu_demand_w=infer_gpu_demand_w(cols[0], agent.enforced_gpu_cap_w, capped),
+            gpu_temp_c=cols[1], gpu_t_limit_c=cols[2], gpu_throttled=thr,
             gpu_shut_down=np.array([x.shut_down for x in gl], dtype=bool),
-            gpu_traffic=cols[4], gpu_uptime_s=cols[5], gpu_boot_id=boot,
+            gpu_traffic=cols[3], gpu_uptime_s=cols[4], gpu_boot_id=boot,
+            gpu_power_capped=capped,
         )
         pbs = [x.ports for x in gl]
         n_none = pbs.count(None)
@@ -536,7 +430,7 @@ class TelemetryIngest:
             return reading, []
         if n_none:
             return None  # some GPUs without ports: the per-block checks
-        tp = self._ports_struct(gis, pbs, cols[5], boot)
+        tp = self._ports_struct(gis, pbs, cols[4], boot)
         return None if tp is None else (reading, tp)
 
     def _parse(self, p: Any, t_mono: float) -> tuple[TrayReading, _TrayPorts | list[_PortBlock]]:
@@ -550,24 +444,31 @@ class TelemetryIngest:
         if not isinstance(a, dict):
             raise PayloadError("agent: missing")
         nums = {k: _agent_num(a, k, nullable=k in _AGENT_NUMS[5:]) for k in _AGENT_NUMS}
+        epoch = a.get("epoch")
+        if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)
+                                  or not 0 <= epoch <= EPOCH_MAX):
+            raise PayloadError(f"agent.epoch: {epoch!r} is not an integer in [0, 2**63)")
         agent = AgentReading(
             **nums,  # the required ones are never None (`_agent_num` raises)
             capping=_bool(a, "capping", "agent"),
             flooring=_bool(a, "flooring", "agent"),
             ramp_limited=_bool(a, "ramp_limited", "agent"),
+            epoch=epoch,
         )
         gl = _list(p, "gpus", "payload", self.gpus_per_tray)
-        idx, cols, thr, down, boot, blocks = self._gpus_checked(gl, tray)
+        idx, cols, reasons, down, boot, blocks = self._gpus_checked(gl, tray)
+        thr, capped = _reason_flags(reasons)
         reading = TrayReading(
             tray=tray, t_mono=float(t_mono), powered=_bool(p, "powered", "payload"),
             power_w=_watts(p, "power_w", "payload"),
             coolant_out_temp_c=_num(p, "coolant_out_temp_c", "payload"),
             leak=_bool(p, "leak", "payload"),
             leak_sensor_fault=_bool(p, "leak_sensor_fault", "payload"), agent=agent,
-            gpu_index=idx, gpu_power_w=cols[0], gpu_demand_w=cols[1],
-            gpu_temp_c=cols[2], gpu_t_limit_c=cols[3], gpu_throttled=thr,
-            gpu_shut_down=down, gpu_traffic=cols[4], gpu_uptime_s=cols[5],
-            gpu_boot_id=boot,
+            gpu_index=idx, gpu_power_w=cols[0],
+            gpu_demand_w=infer_gpu_demand_w(cols[0], agent.enforced_gpu_cap_w, capped),
+            gpu_temp_c=cols[1], gpu_t_limit_c=cols[2], gpu_throttled=thr,
+            gpu_shut_down=down, gpu_traffic=cols[3], gpu_uptime_s=cols[4],
+            gpu_boot_id=boot, gpu_power_capped=capped,
         )
         if not blocks:
             return reading, []
@@ -583,7 +484,7 @@ class TelemetryIngest:
         g = self.gpus_per_tray
         idx = np.zeros(g, dtype=np.int64)
         cols = np.full((len(_GPU_NUMS), g), np.nan)
-        thr = np.zeros(g, dtype=bool)
+        reasons: list[list[str]] = [[] for _ in range(g)]
         down = np.zeros(g, dtype=bool)
         boot = np.zeros(g, dtype=np.uint64)
         ports: list[tuple[int, dict[str, Any], float, int]] = []
@@ -600,12 +501,12 @@ class TelemetryIngest:
                                    "(and so another GPU is missing)")
             idx[i] = gi
             cols[0, i] = _watts(gp, "power_w", path)
-            cols[1, i] = _watts(gp, "demand_w", path, optional=True)
-            cols[2, i] = _num(gp, "temp_c", path, optional=True)
-            cols[3, i] = _num(gp, "t_limit_c", path, optional=True)
-            cols[4, i] = _num(gp, "traffic", path, optional=True)
-            cols[5, i] = _num(gp, "uptime_s", path, optional=True)
-            thr[i] = _bool(gp, "throttled", path, False)
+            for r, key in enumerate(_GPU_NUMS[1:], 1):
+                cols[r, i] = _num(gp, key, path, optional=True)
+            rs = gp.get("throttle_reasons")
+            if not isinstance(rs, list) or not all(isinstance(x, str) for x in rs):
+                raise PayloadError(f"{path}.throttle_reasons: expected a list of strings")
+            reasons[i] = rs
             down[i] = _bool(gp, "shut_down", path, False)
             b = gp.get("boot_id")
             if b is not None:
@@ -616,193 +517,9 @@ class TelemetryIngest:
             if pb is not None:
                 if not isinstance(pb, dict):
                     raise PayloadError(f"{path}.ports: not an object")
-                ports.append((gi, pb, float(cols[5, i]), int(boot[i])))
-        return idx, cols, thr, down, boot, ports
+                ports.append((gi, pb, float(cols[4, i]), int(boot[i])))
+        return idx, cols, reasons, down, boot, ports
 
-    def _ports_struct(self, gis: list[int], pbs: list[Any], uptime_s: FloatArray,
-                      boot: npt.NDArray[np.uint64]) -> _TrayPorts | None:
-        """Every GPU's `PortBlockStruct` checked and converted at once: one numpy conversion
-        per kind of column over the whole tray. None when it cannot vouch for the blocks
-        (it never refuses), and then `_check_ports` decides per block and names the key path.
-        It accepts exactly what `_check_ports` accepts when it returns a value: one non-empty
-        port count for every list (the frame's, once learnt), rates finite and >= 0,
-        ``ber`` / ``cable_temp_c`` finite (>= 0 for BER) or null, every counter of
-        ``counter_names`` carried by every GPU (other names ignored), in [0, 2**64)."""
-        g = len(pbs)
-        if len(set(gis)) != g:
-            return None
-        n = len(pbs[0].names)
-        f = self.frame
-        if not n or (f is not None and n != f.ports_per_gpu):
-            return None
-        lists = [x for pb in pbs for x in (pb.names, pb.nvlink, pb.link_up, pb.speed_mb_per_s,
-                                           pb.tx_bytes_per_s, pb.rx_bytes_per_s, pb.ber)]
-        if set(map(len, lists)) != {n}:
-            return None
-        names = list(chain.from_iterable(lists[0::7]))
-        flags = np.array(list(chain.from_iterable(
-            x for pb in pbs for x in (pb.nvlink, pb.link_up))), dtype=bool).reshape(g, 2, n)
-        # the three rates and BER in one conversion (all >= 0; msgspec let nulls only in BER)
-        nums = _float_column(list(chain.from_iterable(
-            x for pb in pbs
-            for x in (pb.speed_mb_per_s, pb.tx_bytes_per_s, pb.rx_bytes_per_s, pb.ber))),
-            nullable=True, non_negative=True)
-        if nums is None:
-            return None
-        rate4 = nums.reshape(g, 4, n)
-        temps = [pb.cable_temp_c for pb in pbs]
-        n_none = temps.count(None)
-        if n_none == g:
-            cable = np.full(g * n, np.nan)
-        elif n_none or set(map(len, temps)) != {n}:
-            return None
-        else:
-            got = _float_column(list(chain.from_iterable(temps)), nullable=True,
-                                non_negative=False)
-            if got is None:
-                return None
-            cable = got
-        ctrs = [pb.counters for pb in pbs]
-        keys = self.counter_names
-        rows = list(range(len(keys)))
-        counters = None
-        for c in ctrs:
-            if not all(k in c for k in keys):
-                return None  # a counter racky keeps is missing: `_check_ports` refuses
-        if rows:
-            ints = [c[k] for c in ctrs for k in keys]
-            if set(map(len, ints)) != {n}:
-                return None
-            try:  # fromiter: no intermediate list (the tray's ~900 counters)
-                counters = np.fromiter(chain.from_iterable(ints), dtype=np.uint64,
-                                       count=g * len(rows) * n).reshape(g, len(rows), n)
-            except (OverflowError, ValueError, TypeError):
-                return None  # negative or >= 2**64
-        return _TrayPorts(
-            gpus=np.array(gis, dtype=np.int64), n=n, names=names,
-            nvlink=flags[:, 0].ravel(), link_up=flags[:, 1].ravel(),
-            speed_mb_per_s=rate4[:, 0].ravel(), tx_bytes_per_s=rate4[:, 1].ravel(),
-            rx_bytes_per_s=rate4[:, 2].ravel(), ber=rate4[:, 3].ravel(), cable_temp_c=cable,
-            counter_rows=rows,
-            counters=None if counters is None else counters.transpose(1, 0, 2).reshape(
-                len(rows), g * n),
-            uptime_s=uptime_s.copy(), boot_id=boot.copy(),
-        )
-
-    def _check_ports(self, gi: int, pb: dict[str, Any]) -> dict[str, npt.NDArray[np.uint64]]:
-        """Check a GPU's port block; returns its counters converted (name -> (ports,))."""
-        path = f"gpus[gpu={gi}].ports"
-        names = pb.get("names")
-        if not isinstance(names, list) or not names or not all(isinstance(x, str) for x in names):
-            raise PayloadError(f"{path}.names: expected a list of port names")
-        n = len(names)
-        if self.frame is not None and n != self.frame.ports_per_gpu:
-            raise PayloadError(f"{path}: {n} ports, the rack's layout has "
-                               f"{self.frame.ports_per_gpu} per GPU")
-        for key in ("nvlink", "link_up"):
-            if not all(isinstance(x, bool) for x in _list(pb, key, path, n)):
-                raise PayloadError(f"{path}.{key}: expected {n} booleans")
-        for key in ("speed_mb_per_s", "tx_bytes_per_s", "rx_bytes_per_s"):
-            _number_column(_list(pb, key, path, n), f"{path}.{key}", nullable=False)
-        for key in ("ber", "cable_temp_c"):
-            vals = pb.get(key)
-            if vals is not None:
-                if not isinstance(vals, list) or len(vals) != n:
-                    raise PayloadError(f"{path}.{key}: expected a list of {n}")
-                _number_column(vals, f"{path}.{key}", nullable=True,
-                               non_negative=key == "ber")
-        ctr = pb.get("counters")
-        if not isinstance(ctr, dict):
-            raise PayloadError(f"{path}.counters: not an object")
-        parsed: dict[str, npt.NDArray[np.uint64]] = {}
-        for name in self.counter_names:
-            vals = ctr.get(name)
-            if vals is None:
-                raise PayloadError(f"{path}.counters.{name}: missing (racky keeps it: config "
-                                   "links.counters)")
-            col = _u64_column(vals, n)
-            if col is None:
-                raise PayloadError(f"{path}.counters.{name}: expected {n} unsigned integers")
-            parsed[name] = col
-        return parsed
-
-    def _write_tray_ports(self, tp: _TrayPorts, t: float) -> None:
-        """Write a fast-checked tray into the frame: one assignment per column (the tray's
-        GPUs are one contiguous run of ports when they come in index order, as agents send
-        them; else a gather index)."""
-        if self.frame is None:
-            self.frame = LinkFrame.empty(self.counter_names, self.n_trays * self.gpus_per_tray,
-                                         tp.n)
-        f = self.frame
-        n = tp.n
-        g0 = int(tp.gpus[0])
-        sl: slice | npt.NDArray[np.int64]
-        if np.array_equal(tp.gpus, np.arange(g0, g0 + len(tp.gpus))):
-            sl = slice(g0 * n, (g0 + len(tp.gpus)) * n)
-            f.names[sl] = tp.names
-        else:
-            sl = (tp.gpus[:, None] * n + np.arange(n)).ravel()
-            for k, p in enumerate(sl.tolist()):
-                f.names[p] = tp.names[k]
-        f.is_nvlink[sl] = tp.nvlink
-        f.link_up[sl] = tp.link_up
-        f.speed_mb_per_s[sl] = tp.speed_mb_per_s
-        f.tx_bytes_per_s[sl] = tp.tx_bytes_per_s
-        f.rx_bytes_per_s[sl] = tp.rx_bytes_per_s
-        f.ber[sl] = tp.ber
-        f.cable_temp_c[sl] = tp.cable_temp_c
-        rows = tp.counter_rows
-        if tp.counters is not None and len(rows) == len(self.counter_names):
-            f.counters[:, sl] = tp.counters
-            f.counter_seen[:, sl] = True
-        else:
-            f.counter_seen[:, sl] = False
-            for j, r in enumerate(rows):
-                assert tp.counters is not None
-                f.counters[r, sl] = tp.counters[j]
-                f.counter_seen[r, sl] = True
-        f.uptime_s[sl] = np.repeat(tp.uptime_s, n)
-        f.boot_id[sl] = np.repeat(tp.boot_id, n)
-        f.t_mono[sl] = t
-        f.version += 1
-
-    def _write_ports(self, ports: _TrayPorts | list[_PortBlock], t: float) -> None:
-        if isinstance(ports, _TrayPorts):
-            self._write_tray_ports(ports, t)
-            return
-        if self.frame is None:
-            ppg = len(ports[0][1]["names"])
-            self.frame = LinkFrame.empty(self.counter_names, self.n_trays * self.gpus_per_tray,
-                                         ppg)
-        f = self.frame
-        ppg = f.ports_per_gpu
-        for gi, pb, up_s, boot, parsed in ports:
-            sl = slice(gi * ppg, (gi + 1) * ppg)
-            f.names[sl] = pb["names"]
-            f.is_nvlink[sl] = np.asarray(pb["nvlink"], dtype=bool)
-            f.link_up[sl] = np.asarray(pb["link_up"], dtype=bool)
-            f.speed_mb_per_s[sl] = np.asarray(pb["speed_mb_per_s"], dtype=np.float64)
-            f.tx_bytes_per_s[sl] = np.asarray(pb["tx_bytes_per_s"], dtype=np.float64)
-            f.rx_bytes_per_s[sl] = np.asarray(pb["rx_bytes_per_s"], dtype=np.float64)
-            ber = pb.get("ber")
-            f.ber[sl] = (np.asarray([np.nan if x is None else x for x in ber], dtype=np.float64)
-                         if isinstance(ber, list) and len(ber) == ppg else np.nan)
-            temps = pb.get("cable_temp_c")
-            f.cable_temp_c[sl] = (
-                np.asarray([np.nan if x is None else x for x in temps], dtype=np.float64)
-                if isinstance(temps, list) and len(temps) == ppg else np.nan
-            )
-            for r, name in enumerate(self.counter_names):
-                vals = parsed.get(name)
-                if vals is not None:
-                    f.counters[r, sl] = vals
-                    f.counter_seen[r, sl] = True
-                else:
-                    f.counter_seen[r, sl] = False
-            f.uptime_s[sl] = up_s
-            f.boot_id[sl] = np.uint64(boot)
-            f.t_mono[sl] = t
-        f.version += 1
 
     def update_gpu_columns(self) -> None:
         """Copy the trays' per-GPU traffic and power into the frame (once per tick)."""

@@ -182,7 +182,8 @@ async def test_mqtt_publishers_and_node_agent_commands(mosquitto: Mosquitto) -> 
                        f"{base}/cmd/+/+/result", v5=False) as sub:
         task = asyncio.create_task(sim.run(stop))
         try:
-            things = ["plant", "rack", "power", "env", *(f"tray{k:02d}" for k in range(18))]
+            things = ["plant", "rack", "power", "env", "truth",
+                      *(f"tray{k:02d}" for k in range(18))]
             for thing in things:
                 topic = f"{base}/telemetry/{thing}"
                 await sub.wait_for(lambda m: m.topic == topic, 20.0)  # noqa: B023
@@ -204,11 +205,13 @@ async def test_mqtt_publishers_and_node_agent_commands(mosquitto: Mosquitto) -> 
             assert faces["cdu"]["port"] == sim.face.port
             assert faces["power"]["unit_ids"] == list(range(1, 9))
 
-            # the node-agent contract: cap tray 4's GPUs at 500 W with a 100 W/s ramp-up
+            # the node-agent contract v1: cap tray 4's GPUs at 500 W (TTL 60 s, epoch 5) with
+            # a 100 W/s ramp-up
+            v1 = {"schema_version": "1.0", "epoch": 5}
             n0 = len(sub.messages)
             await mqtt_pub(mosquitto.port, f"{base}/cmd/racky/set_power_limits",
-                           envelope("c1", {"trays": [4], "gpu_power_cap_w": 500.0,
-                                           "ramp_up_w_per_s": 100.0}))
+                           envelope("c1", {**v1, "trays": [4], "gpu_power_cap_w": 500.0,
+                                           "ttl_s": 60.0, "ramp_up_w_per_s": 100.0}))
             res = await sub.wait_for(
                 lambda m: m.topic.endswith("/cmd/racky/set_power_limits/result"), 10.0, n0)
             reply = CommandReply.model_validate(json.loads(res.payload))
@@ -219,16 +222,23 @@ async def test_mqtt_publishers_and_node_agent_commands(mosquitto: Mosquitto) -> 
             n1 = len(sub.messages)
             msg = await sub.wait_for(lambda m: m.topic == f"{base}/telemetry/tray04", 10.0, n1)
             t4 = json.loads(msg.payload)
-            assert t4["agent"]["enforced_gpu_cap_w"] == 500.0
+            assert t4["agent"]["enforced_gpu_cap_w"] == 500.0 and t4["agent"]["epoch"] == 5
+            assert 0.0 < t4["agent"]["cap_expires_in_s"] <= 60.0
             assert all(g["power_w"] <= 500.0 + 1e-6 for g in t4["gpus"])
             await sub.wait_for(lambda m: m.topic == f"{base}/state/node_agents"
                                and json.loads(m.payload)["trays"][4]["gpu_power_cap_w"] == 500.0,
                                10.0, n0)
 
-            # refusals change nothing: below the minimum power limit; a tray that is not there
-            for rid, args, code in (("c2", {"trays": [1], "gpu_power_cap_w": 50.0},
-                                     "out_of_range"),
-                                    ("c3", {"trays": [30], "powered": False}, "unknown_tray")):
+            # refusals change nothing: below the minimum power limit; a tray that is not there;
+            # an older epoch; null for "no cap"
+            for rid, args, code in (("c2", {**v1, "trays": [1], "gpu_power_cap_w": 50.0,
+                                            "ttl_s": 60.0}, "out_of_range"),
+                                    ("c3", {**v1, "trays": [30], "powered": False},
+                                     "unknown_tray"),
+                                    ("c4", {**v1, "trays": [4], "epoch": 4,
+                                            "release": ["gpu_power_cap_w"]}, "stale_epoch"),
+                                    ("c5", {**v1, "trays": [1], "power_cap_w": None},
+                                     "invalid_args")):
                 n = len(sub.messages)
                 await mqtt_pub(mosquitto.port, f"{base}/cmd/racky/set_power_limits",
                                envelope(rid, args))
@@ -238,6 +248,7 @@ async def test_mqtt_publishers_and_node_agent_commands(mosquitto: Mosquitto) -> 
                 assert not reply.ok and reply.error is not None and reply.error.code == code
             assert sim.rack is not None
             assert sim.rack.agents.settings(1).gpu_power_cap_w is None
+            assert sim.rack.agents.settings(4).gpu_power_cap_w == 500.0
         finally:
             stop.set()
             await asyncio.wait_for(task, 20.0)

@@ -195,3 +195,27 @@ def test_h8_every_refused_tray_message_is_counted_and_logged_once_per_change(
     assert racky.ingest.trays == {}
     refused = [e for e in logs if e["event"] == "agent_telemetry_refused"]
     assert len(refused) == 6  # one per change of reason (trayXX has its own)
+
+
+def test_contract_v1_newer_minor_fields_are_ignored_and_another_major_refused(
+        racky: Racky) -> None:
+    """Through the daemon's handler (bytes as the broker hands them over): a 1.4 agent's
+    message with fields 1.0 does not know is taken, its unknown fields kept once each in the
+    ingest (``TelemetryIngest.ignored_fields``, for ``state/health``); a 2.0 message is
+    refused and counted; the simulator's truth topic is not a tray and is not read."""
+    _, p = _first_tray_payload()
+    base = f"{racky.agent_base}/telemetry/tray{p['tray']:02d}"
+    for i in range(3):
+        newer = {**p, "schema_version": "1.4", "ts_ns": WALL0 + i, "fan_rpm": 9000,
+                 "agent": {**p["agent"], "mode": "eco"}}
+        racky._on_agent_telemetry(Message(base, json.dumps(newer).encode(),
+                                          received_mono=10.0 + i))
+    assert racky.ingest.trays[p["tray"]].t_mono == 12.0
+    assert racky.ingest.ignored_fields == {"fan_rpm", "agent.mode"}
+    assert racky.ingest.ignored_field_count == 2 and racky.ingest.errors == 0
+    v2 = {**p, "schema_version": "2.0", "ts_ns": WALL0 + 10}
+    racky._on_agent_telemetry(Message(base, json.dumps(v2).encode(), received_mono=20.0))
+    assert racky.ingest.errors == 1 and "major version 2" in racky._payload_problem["tray00"]
+    racky._on_agent_telemetry(Message(f"{racky.agent_base}/telemetry/truth", b"{}",
+                                      received_mono=21.0))
+    assert racky.ingest.errors == 1

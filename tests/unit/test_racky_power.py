@@ -248,3 +248,86 @@ def test_rack_power_for_valvey_is_unknown_while_a_shelf_is_offline() -> None:
     pay = core.rack_power_payload(2)
     assert pay["rack_power_w"] is None
     assert (pay["shelves_reporting"], pay["shelves_configured"]) == (1, 2)
+
+
+# --- node-agent contract v1: the command on the wire, the caps' TTL refresh --------------------
+
+
+def test_wire_args_are_contract_v1_never_null_with_a_ttl_on_caps() -> None:
+    from racky.core.power import CAP_TTL_S, AgentCommand
+    from sims.telemetry import SetPowerLimitsArgs
+
+    new = [DesiredTray(power_cap_w=4000.0, ramp_up_w_per_s=50.0), DesiredTray()]
+    old = [DesiredTray(), DesiredTray(power_cap_w=5000.0, gpu_power_cap_w=800.0,
+                                      ramp_up_w_per_s=50.0)]
+    cmds = diff_commands(old, new, "budget")
+    wires = {c.trays: c.wire_args(1_800_000_000_000) for c in cmds}
+    assert wires[(0,)] == {"schema_version": "1.0", "trays": [0], "epoch": 1_800_000_000_000,
+                           "power_cap_w": 4000.0, "ramp_up_w_per_s": 50.0, "ttl_s": CAP_TTL_S}
+    assert wires[(1,)] == {"schema_version": "1.0", "trays": [1], "epoch": 1_800_000_000_000,
+                           "release": ["power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s"]}
+    for w in wires.values():
+        assert None not in w.values()
+        SetPowerLimitsArgs.model_validate(w, strict=True)  # what the agents accept
+    full = diff_commands([None], [DesiredTray(powered=False)], "leak")[0].wire_args(7)
+    assert full["powered"] is False and "ttl_s" not in full
+    assert sorted(full["release"]) == sorted(["power_cap_w", "gpu_power_cap_w",
+                                              "ramp_up_w_per_s", "ramp_down_w_per_s"])
+    with pytest.raises(ValueError, match="power_floor_pct"):
+        AgentCommand((0,), {"power_floor_pct": None}, "x").wire_args(1)
+
+
+def test_wire_args_applied_by_a_simulated_agent_hold_the_desired_settings() -> None:
+    from sims.row import VirtualRack
+    from sims.telemetry import apply_power_limits
+    from sims.workloads import BurnInWorkload
+
+    vr = VirtualRack(workload=BurnInWorkload(), seed=1)
+    want = [DesiredTray(power_cap_w=4000.0, power_floor_pct=20.0, ramp_down_w_per_s=30.0),
+            DesiredTray(gpu_power_cap_w=700.0, ramp_down_hysteresis_s=2.0)]
+    for c in diff_commands([None, None], want, "start"):
+        apply_power_limits(vr, c.wire_args(3))
+    for k, d in enumerate(want):
+        s = vr.agents.settings(k)
+        assert (s.power_cap_w, s.gpu_power_cap_w, s.power_floor_pct, s.ramp_up_w_per_s,
+                s.ramp_down_w_per_s, s.ramp_down_hysteresis_s, s.powered) == (
+            d.power_cap_w, d.gpu_power_cap_w, d.power_floor_pct, d.ramp_up_w_per_s,
+            d.ramp_down_w_per_s, d.ramp_down_hysteresis_s, d.powered)
+
+
+def test_reconciler_refreshes_capped_trays_before_their_ttl() -> None:
+    from racky.core.power import CAP_REFRESH_S, CAP_TTL_S
+
+    assert CAP_REFRESH_S * 3 <= CAP_TTL_S
+    rec = Reconciler(PowerSettings(), 2)
+    want = [DesiredTray(power_cap_w=5000.0), DesiredTray()]
+    rec.note_sent([0, 1], 0.0)
+    due: list[float] = []
+    for i in range(1, 70):
+        t = float(i)
+        readings = {0: _reading(5000.0, t), 1: _reading(None, t)}
+        resend, drift = rec.step(t, want, readings, np.ones(2, dtype=bool))
+        assert not drift and 1 not in resend  # holding what racky wants; no cap: no TTL
+        if resend:
+            due.append(t)
+            rec.note_reasserted(resend, t)
+    assert due == [20.0, 40.0, 60.0] and rec.refreshes == 3 and rec.reasserts == 0
+
+
+def test_a_power_capped_tray_is_estimated_above_its_power_so_its_cap_can_rise() -> None:
+    from racky.core.telemetry import TrayTable, infer_gpu_demand_w
+
+    alloc = CapAllocator(PowerSettings(), AG)
+    readings = {}
+    for k in range(4):
+        r = _reading(4000.0, 1.0)
+        power = np.full(4, 900.0)
+        capped = np.full(4, k == 0)  # tray 0 held at its 900 W GPU cap, the others not
+        demand = infer_gpu_demand_w(power, 900.0, capped)
+        readings[k] = TrayReading(**{**{f: getattr(r, f) for f in r.__slots__},
+                                     "tray": k, "gpu_power_w": power, "gpu_demand_w": demand,
+                                     "gpu_index": np.arange(4 * k, 4 * k + 4),
+                                     "gpu_power_capped": capped})
+    t = TrayTable.build(readings, 4, 4, 1.0, 5.0)
+    d = alloc.demand(t)
+    assert d[0] > 4000.0 * 1.09 and d[1] == pytest.approx(4000.0)

@@ -176,7 +176,8 @@ def _outcome(ing: TelemetryIngest, p: Any, t: float) -> tuple[Any, ...]:
         res: tuple[Any, ...] = ("ok", r.power_w, repr(r.agent),
                                 r.gpu_power_w.tobytes(), r.gpu_demand_w.tobytes(),
                                 r.gpu_uptime_s.tobytes(), r.gpu_boot_id.tobytes(),
-                                r.gpu_throttled.tobytes())
+                                r.gpu_throttled.tobytes(), r.gpu_power_capped.tobytes(),
+                                r.gpu_traffic.tobytes())
     except PayloadError as err:
         res = ("refused", str(err))
     return (*res, *_frame_state(ing))
@@ -310,8 +311,9 @@ def test_generated_structs_read_a_payload_as_the_pydantic_contract_does(
     )
 
     p = payloads[5]
-    got = struct_to_builtins(decode_tray(json.dumps(p).encode()))
-    assert got == TrayTelemetry.model_validate(p).model_dump()
+    got, ignored = decode_tray(json.dumps(p).encode())
+    assert struct_to_builtins(got) == TrayTelemetry.model_validate(p).model_dump()
+    assert ignored == frozenset()
     extra = copy.deepcopy(p)
     extra["gpus"][2]["surprise"] = 1
     with pytest.raises(TrayShapeError, match=r"surprise.*\$\.gpus\[2\]"):
@@ -386,10 +388,14 @@ def test_h8_a_repeated_gpu_index_is_refused(payloads: list[dict[str, Any]]) -> N
 @pytest.mark.parametrize("key", ["enforced_gpu_cap_w", "enforced_tray_cap_w", "floor_w",
                                  "power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s",
                                  "ramp_down_w_per_s", "power_floor_pct",
-                                 "ramp_down_hysteresis_s"])
+                                 "ramp_down_hysteresis_s", "cap_expires_in_s", "epoch"])
 def test_h8_negative_agent_powers_caps_and_ramps_are_refused(
         payloads: list[dict[str, Any]], key: str) -> None:
     p = copy.deepcopy(payloads[2])
+    if key == "epoch":
+        p["agent"][key] = -1
+        _refused_both_ways(p, r"agent\.epoch: -1 is not an integer")
+        return
     p["agent"][key] = -1.0
     _refused_both_ways(p, f"agent.{key}: -1.0 is negative")
 
@@ -448,3 +454,171 @@ def test_h8_very_deep_nesting_is_a_payload_error_not_a_recursion_error() -> None
         nested = [nested]
     with pytest.raises(PayloadError):
         _ingest().tray_payload({"gpus": nested}, 1.0)
+
+
+# --- contract v1: versions, ignored fields, nothing of the simulator's truth -------------------
+
+
+def test_v1_payload_carries_no_simulator_truth(payloads: list[dict[str, Any]]) -> None:
+    """What a real agent cannot observe is not in the contract (plant time, demand, the
+    agent's internal request, cold-plate fouling and temperature, offered traffic)."""
+    from rackplane.core.tray_contract import SCHEMA_VERSION, GpuTelemetry, TrayTelemetry
+
+    for p in payloads:
+        assert p["schema_version"] == SCHEMA_VERSION
+        assert not {"t_s", "cold_plate_conductance_factor"} & set(p)
+        for g in p["gpus"]:
+            assert not {"demand_w", "request_w", "plate_temp_c", "traffic"} & set(g)
+    for field in ("t_s", "cold_plate_conductance_factor"):
+        assert field not in TrayTelemetry.model_fields
+    assert "demand_w" not in GpuTelemetry.model_fields
+
+
+def _newer_minor(p: dict[str, Any]) -> dict[str, Any]:
+    q = copy.deepcopy(p)
+    q["schema_version"] = "1.7"
+    q["fan_rpm"] = 9000
+    q["agent"]["vendor_mode"] = "eco"
+    for g in q["gpus"]:
+        g["mem_temp_c"] = 70.0
+        if g["ports"] is not None:
+            g["ports"]["fec_mode"] = ["rs"] * len(g["ports"]["names"])
+    return q
+
+
+def test_a_newer_minor_versions_extra_fields_are_accepted_ignored_and_counted_once(
+        payloads: list[dict[str, Any]]) -> None:
+    """A 1.7 agent's message with fields 1.0 does not know is read as the 1.0 fields say
+    (the same reading and frame as without them), from the bytes and from a dict; each
+    unknown field's key path is counted once however many messages carry it."""
+    from racky.core.telemetry import decode_payload
+
+    a, b, c = _ingest(), _ingest(), _ingest()
+    for i, p in enumerate(payloads[:4]):
+        q = _newer_minor(p)
+        ra = a.tray_payload(decode_payload(_raw(q)), 1.0 + i)
+        rc = c.tray_payload(copy.deepcopy(q), 1.0 + i)
+        rb = b.tray_payload(copy.deepcopy(p), 1.0 + i)
+        for r in (ra, rc):
+            assert repr(r.agent) == repr(rb.agent)
+            np.testing.assert_array_equal(r.gpu_power_w, rb.gpu_power_w)
+    assert a.frame is not None and b.frame is not None
+    assert _frame_state(a) == _frame_state(b)
+    want = {"fan_rpm", "agent.vendor_mode", "gpus[].mem_temp_c", "gpus[].ports.fec_mode"}
+    assert a.ignored_fields == c.ignored_fields == want
+    assert a.ignored_field_count == 4 and b.ignored_field_count == 0
+    assert a.newest_version == "1.7" and a.errors == 0
+
+
+def test_a_newer_minor_version_is_still_refused_for_wrong_types_missing_fields_and_values(
+        payloads: list[dict[str, Any]]) -> None:
+    q = _newer_minor(payloads[2])
+    q["gpus"][1]["power_w"] = "high"
+    _refused_both_ways(q, r"\$\.gpus\[1\]\.power_w")
+    r = _newer_minor(payloads[2])
+    del r["leak"]
+    _refused_both_ways(r, "missing required field `leak`")
+    v = _newer_minor(payloads[2])
+    v["power_w"] = -5.0
+    _refused_both_ways(v, r"payload\.power_w: -5.0 W is negative")
+    ing = _ingest()
+    with pytest.raises(PayloadError):
+        ing.tray_payload(r, 1.0)
+    assert ing.ignored_fields == set()  # nothing of a refused message is counted
+
+
+@pytest.mark.parametrize(("version", "match"), [
+    ("2.0", r"unsupported contract version.*major version 2 is not supported"),
+    ("0.9", r"unsupported contract version.*major version 0"),
+    ("1", r"unsupported contract version.*not MAJOR\.MINOR"),
+    ("1.0.1", r"not MAJOR\.MINOR"),
+    (" 1.0", r"not MAJOR\.MINOR"),
+    (1.0, r"\$\.schema_version"),
+    ("missing", "missing required field `schema_version`"),
+])
+def test_another_major_version_or_a_malformed_version_is_refused(
+        payloads: list[dict[str, Any]], version: object, match: str) -> None:
+    p = copy.deepcopy(payloads[2])
+    if version == "missing":
+        del p["schema_version"]
+    else:
+        p["schema_version"] = version
+    _refused_both_ways(p, match)
+    q = _newer_minor(payloads[2])  # with unknown fields too: the version is the reason
+    q["schema_version"] = "2.0"
+    _refused_both_ways(q, "major version 2")
+
+
+def test_unknown_fields_in_this_minor_version_are_refused(payloads: list[dict[str, Any]]
+                                                          ) -> None:
+    """An extension needs a newer minor version: a 1.0 message with a field 1.0 does not
+    define is a mistake and refused naming it (also an older minor's)."""
+    q = {**copy.deepcopy(payloads[2]), "fan_rpm": 9000}
+    _refused_both_ways(q, r"unknown field `fan_rpm`")
+    r = _newer_minor(payloads[2])
+    r["schema_version"] = "1.0"
+    _refused_both_ways(r, r"unknown field `(fan_rpm|vendor_mode|mem_temp_c|fec_mode)`")
+
+
+def test_demand_is_inferred_from_power_the_cap_and_the_power_cap_reason() -> None:
+    from racky.core.telemetry import CAPPED_DEMAND_FACTOR, infer_gpu_demand_w
+
+    power = np.array([300.0, 700.0, 650.0, np.nan])
+    capped = np.array([False, True, True, False])
+    got = infer_gpu_demand_w(power, 700.0, capped)
+    # not capped: demand ~ power; capped at the cap: more than the cap; capped below the cap
+    # (a thermal slowdown as well): still at least the cap
+    np.testing.assert_allclose(got[:3], [300.0, 700.0 * CAPPED_DEMAND_FACTOR,
+                                         700.0 * CAPPED_DEMAND_FACTOR])
+    assert np.isnan(got[3])
+
+
+def test_ingest_reads_throttle_reasons_and_infers_demand(payloads: list[dict[str, Any]]
+                                                         ) -> None:
+    from racky.core.telemetry import CAPPED_DEMAND_FACTOR
+
+    p = copy.deepcopy(payloads[2])
+    cap = p["agent"]["enforced_gpu_cap_w"]
+    p["gpus"][0]["throttle_reasons"] = ["sw_power_cap"]
+    p["gpus"][0]["power_w"] = cap
+    p["gpus"][1]["throttle_reasons"] = ["hw_slowdown", "hw_thermal_slowdown"]
+    p["gpus"][2]["throttle_reasons"] = ["gpu_idle", "a_future_reason"]
+    p["gpus"][3]["throttle_reasons"] = []
+    for q in (p, json.loads(_raw(p))):
+        r = _ingest().tray_payload(q, 1.0)
+        assert r.gpu_power_capped.tolist() == [True, False, False, False]
+        assert r.gpu_throttled.tolist() == [False, True, False, False]
+        assert r.gpu_demand_w[0] == pytest.approx(cap * CAPPED_DEMAND_FACTOR)
+        np.testing.assert_array_equal(r.gpu_demand_w[1:], r.gpu_power_w[1:])
+    bad = copy.deepcopy(p)
+    bad["gpus"][2]["throttle_reasons"] = "hw_slowdown"
+    _refused_both_ways(bad, r"throttle_reasons")
+
+
+def test_the_contract_docs_examples_are_the_contract() -> None:
+    """docs/CONTRACTS.md "Node-agent contract v1" examples: the telemetry validates as the
+    model and racky takes it; the command args validate as the agents' model."""
+    import re
+    from pathlib import Path
+
+    from rackplane.core.tray_contract import TrayTelemetry
+    from sims.telemetry import SetPowerLimitsArgs
+
+    doc = (Path(__file__).parents[2] / "docs" / "CONTRACTS.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Node-agent contract v1"):]
+    section = section[section.index("### Examples"):]
+    blocks = re.findall(r"```json\n(.*?)```", section, re.S)
+    tele = json.loads(blocks[0])
+    TrayTelemetry.model_validate(tele, strict=True)
+    ing = TelemetryIngest(18, 1, ("nvl_crc_flit_errors",))
+    r = ing.tray_payload({**tele, "gpus": [{**tele["gpus"][0], "gpu": 3}]}, 1.0)
+    assert r.gpu_power_capped.tolist() == [True]
+    dec = json.JSONDecoder()
+    text, cmds = blocks[1].strip(), []
+    while text:
+        obj, end = dec.raw_decode(text)
+        cmds.append(obj)
+        text = text[end:].strip()
+    assert len(cmds) == 2
+    for c in cmds:
+        SetPowerLimitsArgs.model_validate(c["args"], strict=True)

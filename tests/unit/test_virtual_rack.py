@@ -1011,7 +1011,7 @@ def test_sim_schemas_are_not_stale() -> None:
 
 
 def test_stale_schema_is_detected(tmp_path: Path) -> None:
-    assert len(write_schemas(tmp_path)) == 11
+    assert len(write_schemas(tmp_path)) == 12
     assert write_schemas(tmp_path) == [] and stale_schemas(tmp_path) == []
     (tmp_path / "sim.telemetry.tray.schema.json").write_text("{}")
     assert stale_schemas(tmp_path) == ["sim.telemetry.tray.schema.json"]
@@ -1033,6 +1033,9 @@ def test_payloads_validate_and_carry_no_nan() -> None:
     assert t3.agent.enforced_gpu_cap_w == 600.0 and all(g.power_w <= 600.0 for g in t3.gpus)
     assert t3.gpus[0].ports is not None and len(t3.gpus[0].ports.names) == 20
     assert t3.gpus[0].ports.names[0] == "gpu12/nvl00"
+    bits = t3.gpus[0].ports.counter_bits  # the counters' native widths (sims/fabric.py)
+    assert bits is not None and bits["symbol_error"] == 16 and bits["carrier_changes"] == 32
+    assert bits["link_downed"] == 8 and bits["rx_bytes"] == 64
     assert TrayTelemetry.model_validate(trays[2][1]).leak
     env = EnvTelemetry.model_validate(env_payload(vr, ident, 1))
     assert env.room_temp_c is None and env.true_room_temp_c == pytest.approx(24.0)
@@ -1055,3 +1058,83 @@ def test_encode_readings_sentinel_nan_and_held_points() -> None:
     assert math.isnan(ok["supply_temp_c"])  # a float register serves NaN
     assert raw == {"return_temp_c": [0x8000], "supply_temp_b_c": [0x8000]}
     assert sorted(held) == ["flow_lpm", "uptime_s"]  # NaN without sentinel; out of range
+
+
+# --- node-agent contract v1: the simulator's truth apart, the command side -------------------
+
+
+def test_truth_is_published_apart_and_tray_payloads_carry_throttle_reasons() -> None:
+    from sims.telemetry import TruthTelemetry, truth_payload
+
+    vr = VirtualRack(workload=BurnInWorkload(), seed=1)
+    vr.agents.configure(3, NodeAgentSettings(gpu_power_cap_w=600.0))
+    vr.racks[0].thermal.set_conductance_factor(5, 0.5)
+    run(vr, 3.0)
+    ident = Identity(site="lab", row="r1", rack="rk1")
+    truth = TruthTelemetry.model_validate(truth_payload(vr, ident, 7))
+    encode_json(truth_payload(vr, ident, 7))
+    assert truth.trays[5].cold_plate_conductance_factor == 0.5 and truth.t_s > 0
+    assert min(truth.trays[3].gpu_demand_w) > 600.0  # burn-in wants more than the cap
+    trays = dict(tray_payloads(vr, ident, 7))
+    for g in trays["tray03"]["gpus"]:
+        assert "sw_power_cap" in g["throttle_reasons"] and g["power_w"] <= 600.0 + 1e-6
+    assert all("sw_power_cap" not in g["throttle_reasons"] for g in trays["tray04"]["gpus"])
+    assert "cold_plate_conductance_factor" not in trays["tray05"]
+
+
+def _cmd(**kw: object) -> dict[str, object]:
+    return {"schema_version": "1.0", "trays": [0, 1], "epoch": 100, **kw}
+
+
+def test_v1_command_caps_expire_at_their_ttl_unless_refreshed() -> None:
+    from sims.telemetry import apply_power_limits
+
+    vr = VirtualRack(workload=BurnInWorkload(), seed=1)
+    ag = vr.agents
+    apply_power_limits(vr, _cmd(power_cap_w=3000.0, ttl_s=5.0, ramp_up_w_per_s=500.0))
+    assert ag.settings(0).power_cap_w == 3000.0 and ag.settings(1).ramp_up_w_per_s == 500.0
+    run(vr, 3.0)
+    st = ag.status(0, vr.truth().gpu_power_w)
+    assert st.epoch == 100 and st.cap_expires_in_s == pytest.approx(2.0, abs=0.11)
+    apply_power_limits(vr, {**_cmd(power_cap_w=3000.0, ttl_s=5.0), "trays": [0]})  # refresh
+    run(vr, 3.0)
+    assert ag.settings(0).power_cap_w == 3000.0  # refreshed at 3 s: holds to 8 s
+    assert ag.settings(1).power_cap_w is None  # not refreshed: expired at 5 s
+    assert ag.settings(1).ramp_up_w_per_s == 500.0  # ramps do not expire
+    assert ag.status(1, vr.truth().gpu_power_w).cap_expires_in_s is None
+    run(vr, 2.5)
+    assert ag.settings(0).power_cap_w is None and ag.expired_caps == 2
+
+
+def test_v1_command_epochs_release_and_refusals() -> None:
+    from rackplane.errors import CommandError
+    from sims.telemetry import apply_power_limits
+
+    vr = VirtualRack(workload=BurnInWorkload(), seed=1)
+    ag = vr.agents
+    apply_power_limits(vr, _cmd(gpu_power_cap_w=700.0, ttl_s=60.0, epoch=200))
+
+    def refused(args: dict[str, object], code: str) -> None:
+        before = [ag.settings(k) for k in range(3)]
+        with pytest.raises(CommandError) as ei:
+            apply_power_limits(vr, args)
+        assert ei.value.code == code, ei.value
+        assert [ag.settings(k) for k in range(3)] == before  # all or nothing
+
+    refused(_cmd(gpu_power_cap_w=650.0, ttl_s=60.0, epoch=199), "stale_epoch")
+    refused({**_cmd(release=["gpu_power_cap_w"], epoch=199), "trays": [1, 2]}, "stale_epoch")
+    refused(_cmd(gpu_power_cap_w=None, epoch=200), "invalid_args")  # null is never a value
+    refused(_cmd(gpu_power_cap_w=650.0, epoch=200), "invalid_args")  # a cap needs a TTL
+    refused(_cmd(gpu_power_cap_w=650.0, ttl_s=60.0, release=["gpu_power_cap_w"], epoch=200),
+            "invalid_args")
+    refused(_cmd(gpu_power_cap_w=650.0, ttl_s=60.0, epoch=200, schema_version="2.0"),
+            "invalid_args")
+    refused(_cmd(gpu_power_cap_w=100.0, ttl_s=60.0, epoch=200), "out_of_range")
+    refused({**_cmd(ramp_up_w_per_s=10.0), "trays": [0, 99]}, "unknown_tray")
+    # the same epoch is not older; a newer one replaces it; release removes the cap
+    apply_power_limits(vr, _cmd(release=["gpu_power_cap_w"], epoch=200))
+    assert ag.settings(0).gpu_power_cap_w is None and ag.settings(1).gpu_power_cap_w is None
+    apply_power_limits(vr, {**_cmd(powered=False, epoch=300), "trays": [2]})
+    assert not ag.settings(2).powered
+    refused({**_cmd(powered=True, epoch=250), "trays": [2]}, "stale_epoch")
+    apply_power_limits(vr, {**_cmd(powered=True, epoch=250), "trays": [0]})  # tray 0: 200 seen
