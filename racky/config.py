@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -21,6 +20,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rackplane.config import StrictModel
+from rackplane.paths import in_state_directory
 from rackplane.settings import (
     CommandSettings,
     Identity,
@@ -593,8 +593,4 @@ class RackyConfig(StrictModel):
 def state_path(p: Path, environ: dict[str, str] | None = None) -> Path:
     """A racky file path: absolute as given; relative inside ``$STATE_DIRECTORY`` (first entry)
     under systemd, else the working directory."""
-    if p.is_absolute():
-        return p
-    env = os.environ if environ is None else environ
-    sd = env.get("STATE_DIRECTORY")
-    return (Path(sd.split(":")[0]) / p) if sd else p
+    return in_state_directory(p, environ)
