@@ -22,19 +22,12 @@ import pytest
 from pydantic import Field
 
 from harness.servers import free_port
+from rackplane import settings as st
 from rackplane.commands import CommandRouter, LeaseGate
 from rackplane.config import StrictModel, load_config
 from rackplane.daemon import DaemonFrame, OwnerTask, ReloadOutcome
 from rackplane.io.service import Notifier
-from rackplane.settings import (
-    CommandSettings,
-    Identity,
-    LogSettings,
-    MetricsSettings,
-    MqttSettings,
-    SpoolSettings,
-    TsdbSettings,
-)
+from rackplane.settings import MqttSettings, SpoolSettings
 
 
 class FakeControl(StrictModel):
@@ -44,13 +37,13 @@ class FakeControl(StrictModel):
 
 
 class FakeConfig(StrictModel):
-    identity: Identity = Field(default_factory=Identity)
+    identity: st.Identity = Field(default_factory=st.Identity)
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
-    tsdb: TsdbSettings = Field(default_factory=TsdbSettings)
+    tsdb: st.TsdbSettings = Field(default_factory=st.TsdbSettings)
     spool: SpoolSettings = Field(default_factory=SpoolSettings)
-    commands: CommandSettings = Field(default_factory=CommandSettings)
-    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
-    log: LogSettings = Field(default_factory=LogSettings)
+    commands: st.CommandSettings = Field(default_factory=st.CommandSettings)
+    metrics: st.MetricsSettings = Field(default_factory=st.MetricsSettings)
+    log: st.LogSettings = Field(default_factory=st.LogSettings)
     control: FakeControl = Field(default_factory=FakeControl)
 
 
