@@ -386,3 +386,17 @@ def effective_spool(spool: SpoolSettings, environ: dict[str, str] | None = None)
     if directory != spool.directory:
         return spool.model_copy(update={"directory": directory})
     return spool
+
+
+class DaemonSettings(StrictModel):
+    """The sections every daemon's config file starts with (`rackplane.daemon.DaemonFrame`
+    reads them); a daemon's model adds its own after them."""
+
+    identity: Identity = Identity()
+    log: LogSettings = LogSettings()
+    mqtt: MqttSettings = MqttSettings()
+    tsdb: TsdbSettings = TsdbSettings()
+    spool: SpoolSettings = SpoolSettings()
+    metrics: MetricsSettings = Field(
+        default_factory=MetricsSettings,
+        description="self-metrics: state/health, time series, optional Prometheus /metrics")

@@ -23,13 +23,8 @@ from rackplane.config import StrictModel
 from rackplane.paths import in_state_directory
 from rackplane.settings import (
     CommandSettings,
-    Identity,
-    LogSettings,
-    MetricsSettings,
+    DaemonSettings,
     ModbusTargetSettings,
-    MqttSettings,
-    SpoolSettings,
-    TsdbSettings,
     resolve_path,
 )
 
@@ -542,17 +537,9 @@ def _default_commands() -> CommandSettings:
     return CommandSettings(users={"valvey": "automation"})
 
 
-class RackyConfig(StrictModel):
+class RackyConfig(DaemonSettings):
     """The whole racky config file."""
 
-    identity: Identity = Identity()
-    log: LogSettings = LogSettings()
-    mqtt: MqttSettings = MqttSettings()
-    tsdb: TsdbSettings = TsdbSettings()
-    spool: SpoolSettings = SpoolSettings()
-    metrics: MetricsSettings = Field(
-        default_factory=MetricsSettings,
-        description="self-metrics: state/health, time series, optional Prometheus /metrics")
     power_shelves: list[ModbusTargetSettings] = Field(
         default_factory=list, description="power shelves polled over Modbus TCP (register map "
         "power-shelf); discovered shelves come on top"
