@@ -189,11 +189,12 @@ class Racky(DaemonFrame[RackyConfig]):
         a = cfg.node_agents
         self.ingest = TelemetryIngest(a.trays, a.gpus_per_tray, tuple(cfg.links.counters))
         root = cfg.mqtt.topic_root
-        agents = PeerTopics.of(root, ident, a.daemon)
-        self.agent_base = agents.base
+        self.agent_topics = PeerTopics.of(root, ident, a.daemon)
+        self.agent_base = self.agent_topics.base
         self.agent_user = cfg.command_user
-        self.mqtt.subscribe(agents.telemetry(), self._on_agent_telemetry, qos=0)
-        self.mqtt.subscribe(agents.cmd_results(self.agent_user), self._on_agent_reply, qos=1)
+        self.mqtt.subscribe(self.agent_topics.telemetry(), self._on_agent_telemetry, qos=0)
+        self.mqtt.subscribe(self.agent_topics.cmd_results(self.agent_user), self._on_agent_reply,
+                            qos=1)
         c = cfg.cooling
         self.cooling_topic = PeerTopics.of(root, ident, c.daemon).state(c.state_thing)
         self.mqtt.subscribe(self.cooling_topic, self._on_cooling, qos=1)

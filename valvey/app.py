@@ -248,9 +248,10 @@ class Valvey(DaemonFrame[ValveyConfig]):
         for topic in self._sensor_topics:
             self.mqtt.subscribe(topic, self._on_sensor_message, qos=0)
         self.racky_user = cfg.racky.user or cfg.mqtt.username or "valvey"
-        racky = PeerTopics.of(root, ident, cfg.racky.daemon)
-        self._racky_base = racky.cmd_base(self.racky_user)
-        self.mqtt.subscribe(racky.cmd_results(self.racky_user), self._on_racky_reply, qos=1)
+        self.racky_topics = PeerTopics.of(root, ident, cfg.racky.daemon)
+        self._racky_base = self.racky_topics.cmd_base(self.racky_user)
+        self.mqtt.subscribe(self.racky_topics.cmd_results(self.racky_user), self._on_racky_reply,
+                            qos=1)
         self._request_failing: str | None = None
         self._pending_sends: set[asyncio.Task[None]] = set()
         self._next_state = 0.0
