@@ -38,7 +38,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
 from rackplane.commands import CommandAudit, CommandRouter, LeaseGate
@@ -64,6 +64,7 @@ __all__ = [
     "ControlConfig",
     "DaemonConfig",
     "DaemonFrame",
+    "FrameOptions",
     "OwnerTask",
     "ReloadOutcome",
 ]
@@ -111,6 +112,15 @@ class DaemonConfig(Protocol):
 
 
 C = TypeVar("C", bound=DaemonConfig)
+
+
+class FrameOptions(TypedDict, total=False):
+    """The keyword arguments of `DaemonFrame` a daemon's constructor passes on
+    (``**options: Unpack[FrameOptions]``)."""
+
+    clock: Clock
+    notifier: Notifier | None
+    config_path: str | os.PathLike[str] | None
 
 
 @dataclass(frozen=True, slots=True)

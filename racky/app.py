@@ -31,16 +31,15 @@ import os
 from collections.abc import Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
-from rackplane.clock import SYSTEM_CLOCK, Clock
 from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.core.alarms import AlarmEvent
 from rackplane.core.registers import RegisterMap, load_register_map
 from rackplane.core.samples import Quality, Sample
-from rackplane.daemon import DaemonFrame, OwnerTask
+from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask
 from rackplane.errors import ConfigError, MqttError
 from rackplane.io.modbus import ModbusDevice
 from rackplane.io.mqtt import Message, validate_topic
@@ -49,7 +48,6 @@ from rackplane.io.selfmetrics import (
     pv_age_s,
     telemetry_alarm_conditions,
 )
-from rackplane.io.service import Notifier
 from rackplane.io.spool import check_spool_config
 from rackplane.settings import ModbusTargetSettings, effective_spool, environment_checks
 from rackplane.topics import PeerTopics
@@ -150,7 +148,8 @@ class Racky(DaemonFrame[RackyConfig]):
 
     Args:
         cfg: validated config (`load_racky_config`).
-        clock: injected clocks; notifier: systemd notification; config_path: for SIGHUP.
+        options: the frame's (`rackplane.daemon.FrameOptions`): ``clock``, ``notifier``,
+            ``config_path`` (for SIGHUP).
     """
 
     daemon = DAEMON
@@ -158,12 +157,10 @@ class Racky(DaemonFrame[RackyConfig]):
     def __init__(
         self,
         cfg: RackyConfig,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-        notifier: Notifier | None = None,
-        config_path: str | os.PathLike[str] | None = None,
+        **options: Unpack[FrameOptions],
     ):
-        super().__init__(cfg, clock=clock, notifier=notifier, config_path=config_path)
+        super().__init__(cfg, **options)
+        clock = self.clock
         ident = cfg.identity
         self.store = StateStore(state_path(cfg.lifecycle.state_file),
                                 cfg.lifecycle.initial_state)

@@ -22,14 +22,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
-from rackplane.clock import SYSTEM_CLOCK, Clock
 from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.core.alarms import AlarmEvent
 from rackplane.core.registers import RegisterMap, load_register_map
 from rackplane.core.samples import Sample
-from rackplane.daemon import DaemonFrame, OwnerTask, ReloadOutcome
+from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask, ReloadOutcome
 from rackplane.errors import ConfigError, ModbusError, WriteRejected
 from rackplane.io.modbus import ModbusDevice
 from rackplane.io.mqtt import Message
@@ -38,7 +37,6 @@ from rackplane.io.selfmetrics import (
     pv_age_s,
     telemetry_alarm_conditions,
 )
-from rackplane.io.service import Notifier
 from rackplane.io.spool import check_spool_config
 from rackplane.io.statefile import StateFileError
 from rackplane.settings import effective_spool, environment_checks
@@ -193,9 +191,9 @@ class Valvey(DaemonFrame[ValveyConfig]):
 
     Args:
         cfg: validated config; regmap: its CDU register map.
-        clock: injected clocks (tests use a real clock; lock-step runs use the core directly).
-        notifier: systemd notification (default from the environment).
-        config_path: the file to re-read on SIGHUP (None: embedded defaults, no reload).
+        options: the frame's (`rackplane.daemon.FrameOptions`): ``clock`` (injected clocks),
+            ``notifier`` (systemd notification, default from the environment),
+            ``config_path`` (the file to re-read on SIGHUP; None: embedded defaults).
     """
 
     daemon = DAEMON
@@ -206,12 +204,10 @@ class Valvey(DaemonFrame[ValveyConfig]):
         self,
         cfg: ValveyConfig,
         regmap: RegisterMap,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-        notifier: Notifier | None = None,
-        config_path: str | os.PathLike[str] | None = None,
+        **options: Unpack[FrameOptions],
     ):
-        super().__init__(cfg, clock=clock, notifier=notifier, config_path=config_path)
+        super().__init__(cfg, **options)
+        clock = self.clock
         self.regmap = regmap
         ident = cfg.identity
         self.latest: dict[str, Sample] = {}
