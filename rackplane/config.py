@@ -22,6 +22,7 @@ from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from rackplane.errors import ConfigError
+from rackplane.paths import is_in_state_directory
 
 
 def _strict_problem(annotation: Any, value: Any) -> str | None:
@@ -270,12 +271,10 @@ def check_state_file_dir(key: str, path: Path, environ: dict[str, str] | None = 
     Raises:
         ConfigError: naming ``key`` when the folder is missing, a file, or not writable.
     """
-    env = os.environ if environ is None else environ
     parent = Path(path).absolute().parent
-    for sd in filter(None, env.get("STATE_DIRECTORY", "").split(":")):
-        if parent == Path(sd).absolute() or Path(sd).absolute() in parent.parents:
-            check_writable_dir(key, parent)
-            return
+    if is_in_state_directory(parent, environ):
+        check_writable_dir(key, parent)
+        return
     problem = None
     if not parent.exists():
         problem = f"folder {parent} does not exist (create it, or use a path in an existing one)"

@@ -14,17 +14,10 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rackplane.config import StrictModel
+from rackplane.paths import in_state_directory, state_directory
 
 # A topic level and a tag value: no MQTT wildcards or separators, no control characters.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
-
-
-def _state_directory() -> Path | None:
-    """The first folder of systemd's ``$STATE_DIRECTORY`` (StateDirectory=), or None."""
-    import os
-
-    first = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    return Path(first) if first else None
 
 
 def resolve_path(value: Path, info: ValidationInfo) -> Path:
@@ -157,7 +150,7 @@ class SpoolSettings(StrictModel):
     def _resolve(cls, v: Path, info: ValidationInfo) -> Path:
         # Under systemd a relative spool lives in $STATE_DIRECTORY (the one writable place
         # under ProtectSystem=strict), never next to a config file in /etc.
-        state_dir = _state_directory()
+        state_dir = state_directory()
         if not v.is_absolute() and state_dir is not None:
             return (state_dir / v).resolve()
         return resolve_path(v, info)
@@ -387,12 +380,23 @@ def environment_checks(mqtt: MqttSettings, tsdb: TsdbSettings) -> dict[str, str 
 
 
 def effective_spool(spool: SpoolSettings, environ: dict[str, str] | None = None) -> SpoolSettings:
-    """Under systemd (``$STATE_DIRECTORY``) a relative spool directory lives in the state dir."""
-    import os
-
-    env = os.environ if environ is None else environ
-    state_dir = env.get("STATE_DIRECTORY")
-    if state_dir and not spool.directory.is_absolute():
-        first = state_dir.split(":")[0]
-        return spool.model_copy(update={"directory": Path(first) / spool.directory})
+    """Under systemd (``$STATE_DIRECTORY``) a relative spool directory lives in the state dir
+    (`rackplane.paths.in_state_directory`)."""
+    directory = in_state_directory(spool.directory, environ)
+    if directory != spool.directory:
+        return spool.model_copy(update={"directory": directory})
     return spool
+
+
+class DaemonSettings(StrictModel):
+    """The sections every daemon's config file starts with (`rackplane.daemon.DaemonFrame`
+    reads them); a daemon's model adds its own after them."""
+
+    identity: Identity = Identity()
+    log: LogSettings = LogSettings()
+    mqtt: MqttSettings = MqttSettings()
+    tsdb: TsdbSettings = TsdbSettings()
+    spool: SpoolSettings = SpoolSettings()
+    metrics: MetricsSettings = Field(
+        default_factory=MetricsSettings,
+        description="self-metrics: state/health, time series, optional Prometheus /metrics")

@@ -1,4 +1,6 @@
-"""racky the daemon: adapters around the pure core (DESIGN §1), built like valvey.
+"""racky the daemon: adapters around the pure core (DESIGN §1), on the daemon frame like
+valvey (`rackplane.daemon.DaemonFrame`: MQTT link, telemetry writer, commands with leases and
+audit, self-metrics, TaskGroup, ordered stop, SIGHUP reload, sd_notify).
 
 Tasks in one TaskGroup: ``modbus:<shelf>`` (one owner task per power shelf, configured or
 discovered), ``discovery`` (the unit-id scan, `racky.core.discovery`), ``mqtt`` (broker link),
@@ -10,7 +12,7 @@ reads the latest shelf samples, tray readings (`racky.core.telemetry.TelemetryIn
 replies on ``.../result``), alarms, state and telemetry. READY goes out after the first tick;
 the watchdog is fed by the tick.
 
-Persisted state (`racky.core.lifecycle.StateStore`: lifecycle, trays powered off by safety
+Persisted state (`racky.persist.StateStore`: lifecycle, trays powered off by safety
 requests, budget override, last validation) is written atomically in a worker thread whenever
 the core says it changed; validation reports (`racky.report`) are written the same way.
 
@@ -26,47 +28,44 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
-from rackplane.clock import SYSTEM_CLOCK, Clock
-from rackplane.commands import CommandAudit, CommandRouter, LeaseGate
 from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.core.alarms import AlarmEvent
-from rackplane.core.leases import LeaseTable
 from rackplane.core.registers import RegisterMap, load_register_map
 from rackplane.core.samples import Quality, Sample
+from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask
 from rackplane.errors import ConfigError, MqttError
 from rackplane.io.modbus import ModbusDevice
-from rackplane.io.mqtt import Message, MqttLink, validate_topic
+from rackplane.io.mqtt import Message, validate_topic
 from rackplane.io.selfmetrics import (
     TELEMETRY_ALARMS,
-    SelfMetrics,
     pv_age_s,
     telemetry_alarm_conditions,
 )
-from rackplane.io.service import Notifier, TickStats, run_ticker, supervised
 from rackplane.io.spool import check_spool_config
-from rackplane.io.tsdb import TelemetryWriter
-from rackplane.log import configure_logging, get_logger
 from rackplane.settings import ModbusTargetSettings, effective_spool, environment_checks
+from rackplane.topics import PeerTopics
 from racky.commands import register_racky_commands
 from racky.config import RackyConfig, ShelfPoints, state_path
 from racky.core.alarmbank import kind_of_def
 from racky.core.controller import CoreOutput, RackyCore, RackyInputs
 from racky.core.discovery import DiscoveryPlan
-from racky.core.lifecycle import StateStore
 from racky.core.power import AgentCommand
 from racky.core.telemetry import PayloadError, StaleMessage, TelemetryIngest, decode_payload
 from racky.core.thermal import CoolingReading
 from racky.core.validation import ValidationResult
+from racky.persist import StateStore
 from racky.report import write_report
 
 DAEMON = "racky"
+
+__all__ = ["DAEMON", "MAX_INPUT_PAYLOAD_BYTES", "Racky", "load_racky_config", "shelf_target"]
 _SEVERITY_CODE = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}
 _EVENT_KINDS = ["raised", "cleared", "acked", "shelved", "unshelved", "returned"]
 MAX_INPUT_PAYLOAD_BYTES = 1 << 20
@@ -134,7 +133,8 @@ def load_racky_config(path: str | os.PathLike[str] | None) -> RackyConfig:
     return cfg
 
 
-def _shelf_target(cfg: RackyConfig, unit: int) -> ModbusTargetSettings:
+def shelf_target(cfg: RackyConfig, unit: int) -> ModbusTargetSettings:
+    """The Modbus target of discovery unit id ``unit`` (name ``<name_prefix><unit>``)."""
     d = cfg.discovery
     return ModbusTargetSettings(
         name=f"{d.name_prefix}{unit}", host=d.host, port=d.port, unit_id=unit,
@@ -143,29 +143,25 @@ def _shelf_target(cfg: RackyConfig, unit: int) -> ModbusTargetSettings:
     )
 
 
-class Racky:
+class Racky(DaemonFrame[RackyConfig]):
     """The racky daemon (see the module docstring).
 
     Args:
         cfg: validated config (`load_racky_config`).
-        clock: injected clocks; notifier: systemd notification; config_path: for SIGHUP.
+        options: the frame's (`rackplane.daemon.FrameOptions`): ``clock``, ``notifier``,
+            ``config_path`` (for SIGHUP).
     """
+
+    daemon = DAEMON
 
     def __init__(
         self,
         cfg: RackyConfig,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-        notifier: Notifier | None = None,
-        config_path: str | os.PathLike[str] | None = None,
+        **options: Unpack[FrameOptions],
     ):
-        self.cfg = cfg
-        self.clock = clock
-        self.config_path = config_path
-        self.notifier = notifier or Notifier(clock)
-        self.log = get_logger(DAEMON)
+        super().__init__(cfg, **options)
+        clock = self.clock
         ident = cfg.identity
-        self.tags_base = {"site": ident.site, "row": ident.row, "rack": ident.rack}
         self.store = StateStore(state_path(cfg.lifecycle.state_file),
                                 cfg.lifecycle.initial_state)
         persisted = self.store.load(clock.wall_ns())
@@ -186,20 +182,18 @@ class Racky:
             ex = [s.unit_id for s in cfg.power_shelves
                   if s.host == cfg.discovery.host and s.port == cfg.discovery.port]
             self.plan = DiscoveryPlan(cfg.discovery, ex)
-        self._device_tasks: dict[str, asyncio.Task[None]] = {}
         self._device_started: dict[str, float] = {}
-        self._tg: asyncio.TaskGroup | None = None
         a = cfg.node_agents
         self.ingest = TelemetryIngest(a.trays, a.gpus_per_tray, tuple(cfg.links.counters))
-        self.mqtt = MqttLink(cfg.mqtt, ident, DAEMON, clock=clock)
-        root = f"{cfg.mqtt.topic_root}/{ident.site}/{ident.rack}"
-        self.agent_base = f"{root}/{a.daemon}"
+        root = cfg.mqtt.topic_root
+        self.agent_topics = PeerTopics.of(root, ident, a.daemon)
+        self.agent_base = self.agent_topics.base
         self.agent_user = cfg.command_user
-        self.mqtt.subscribe(f"{self.agent_base}/telemetry/+", self._on_agent_telemetry, qos=0)
-        self.mqtt.subscribe(f"{self.agent_base}/cmd/{self.agent_user}/+/result",
-                            self._on_agent_reply, qos=1)
+        self.mqtt.subscribe(self.agent_topics.telemetry(), self._on_agent_telemetry, qos=0)
+        self.mqtt.subscribe(self.agent_topics.cmd_results(self.agent_user), self._on_agent_reply,
+                            qos=1)
         c = cfg.cooling
-        self.cooling_topic = f"{root}/{c.daemon}/state/{c.state_thing}"
+        self.cooling_topic = PeerTopics.of(root, ident, c.daemon).state(c.state_thing)
         self.mqtt.subscribe(self.cooling_topic, self._on_cooling, qos=1)
         if c.plant_topic:
             self.mqtt.subscribe(c.plant_topic, self._on_plant, qos=0)
@@ -208,24 +202,16 @@ class Racky:
         self._cooling_t: float | None = None
         self._plant_t: float | None = None
         self._payload_problem: dict[str, str] = {}
-        self.writer = TelemetryWriter(
-            cfg.tsdb, effective_spool(cfg.spool), identity_tags=self.tags_base, clock=clock
-        )
-        self.commands = CommandRouter(self.mqtt, cfg.commands, clock=clock,
-                                      audit=self._audit_command)
         # Leases (DESIGN §1, rackplane.core.leases): operator > automation, each with an expiry;
         # the safety verbs (power_down_*) never check them.
         outputs = {"rack_cap": "rack power cap requests", "rack_budget": "rack power budget",
                    "lifecycle": "rack lifecycle and validation",
                    **{f"tray:{k:02d}": f"tray {k} power" for k in range(self.core.n_trays)}}
-        self.leases = LeaseGate(self.commands, LeaseTable(
-            outputs, default_ttl_s=cfg.commands.lease_default_ttl_s,
-            max_ttl_s=cfg.commands.lease_max_ttl_s))
-        register_racky_commands(self.commands, self.core, send=self._send_agent_commands,
-                                on_alarm_events=self._alarms, lease_check=self.leases.check)
-        self.commands.attach()
-        self.tick_stats = TickStats()
-        self.selfmetrics = SelfMetrics(DAEMON, cfg.metrics, clock=clock)
+        self.attach_commands(
+            lease_outputs=outputs,
+            register=lambda router, leases: register_racky_commands(
+                router, self.core, send=self._send_agent_commands,
+                on_alarm_events=self._alarms, lease_check=leases.check))
         self._request_n = 0
         self._pending: dict[str, tuple[tuple[int, ...], float]] = {}
         self.agent_stats = {"sent": 0, "ok": 0, "refused": 0, "lost": 0, "send_errors": 0}
@@ -234,12 +220,16 @@ class Racky:
         self._next_state = 0.0
         self._next_node = 0.0
         self._next_link = 0.0
-        self._started = clock.monotonic()
+        self._started = self.started_mono
         # node-agent contract v1: racky's epoch (its start, ms since the Unix epoch): agents
         # drop commands of an older racky
-        self.agent_epoch = clock.wall_ns() // 1_000_000
-        self.first_step_done = asyncio.Event()
+        self.agent_epoch = self.clock.wall_ns() // 1_000_000
         self.reports: list[Path] = []
+
+    @classmethod
+    def load_config(cls, path: str | os.PathLike[str]) -> RackyConfig:
+        """`load_racky_config` (for SIGHUP reload)."""
+        return load_racky_config(path)
 
     # --- acquisition --------------------------------------------------------------------
 
@@ -474,7 +464,16 @@ class Racky:
         return pv_age_s([max(pts.values(), key=lambda x: x.t_mono)
                          for pts in self.latest.values() if pts], now)
 
-    def _spawn(self, coro: Any) -> None:
+    def tick(self, now: float) -> None:
+        """The frame's tick hook: `_tick` (READY and the watchdog are the frame's)."""
+        self._tick(now)
+
+    def ready_status(self) -> tuple[str, Mapping[str, Any]]:
+        return "racky running", {"shelves": len(self.devices),
+                                 "lifecycle": self.core.persisted.lifecycle.state}
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` in the background (awaited, bounded, at stop)."""
         task = asyncio.get_running_loop().create_task(coro)
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
@@ -554,9 +553,6 @@ class Racky:
                 "event_code": float(_EVENT_KINDS.index(ev.kind)),
             })
 
-    def _audit_command(self, audit: CommandAudit) -> None:
-        self.writer.write("command", audit.tags(), audit.fields(), audit.wall_ns)
-
     def _publish_state(self, wall: int) -> None:
         st = self.core.state()
         st["ts_ns"] = wall
@@ -570,7 +566,7 @@ class Racky:
         and out-of-order ones)."""
         w = self.writer.stats
         return {
-            "uptime_s": round(self.clock.monotonic() - self._started, 1),
+            "uptime_s": self.uptime_s(),
             "tick_late_max_s": round(self.tick_stats.late_max_s, 4),
             "tick_overruns": self.tick_stats.overruns,
             "shelves": {n: d.stats.as_dict() for n, d in self.devices.items()},
@@ -602,7 +598,7 @@ class Racky:
                 ok = await self._probe(unit, regmap)
                 if plan.probe_result(unit, ok, self.clock.monotonic()):
                     self.log.info("shelf_found", unit=unit, host=cfg.discovery.host)
-                    self._start_device(_shelf_target(cfg, unit))
+                    self._start_device(shelf_target(cfg, unit))
             for unit in plan.found():
                 name = f"{cfg.discovery.name_prefix}{unit}"
                 dev = self.devices.get(name)
@@ -615,16 +611,14 @@ class Racky:
                     plan.went_dormant(unit, now)
                     self.log.warning("shelf_dormant", unit=unit,
                                      note=f"re-probed every {cfg.discovery.reprobe_dormant_s} s")
-                    task = self._device_tasks.pop(name, None)
-                    if task is not None:
-                        task.cancel()
+                    self.stop_task(f"modbus:{name}")
                     self.latest[name] = {
                         k: s.as_stale("dormant") if s.quality is Quality.GOOD else s
                         for k, s in self.latest.get(name, {}).items()}
             await asyncio.sleep(1.0)
 
     async def _probe(self, unit: int, regmap: RegisterMap) -> bool:
-        dev = ModbusDevice(_shelf_target(self.cfg, unit), regmap, clock=self.clock,
+        dev = ModbusDevice(shelf_target(self.cfg, unit), regmap, clock=self.clock,
                            on_samples=lambda s: None)
         try:
             samples = await asyncio.wait_for(dev.read_once(), self.cfg.discovery.timeout_s * 4)
@@ -636,82 +630,51 @@ class Racky:
     def _start_device(self, s: ModbusTargetSettings) -> None:
         dev = self._add_device(s)
         self._device_started[s.name] = self.clock.monotonic()
-        if self._tg is not None:
-            self._device_tasks[s.name] = self._tg.create_task(
-                supervised(f"modbus:{s.name}", dev.run, self.log)(), name=f"modbus:{s.name}")
+        self.start_task(f"modbus:{s.name}", dev.run)
 
-    # --- lifecycle ----------------------------------------------------------------------
+    # --- lifecycle (the frame's hooks) ---------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Run until ``stop`` is set, then shut down (see the module docstring)."""
-        self.log.info(
-            "starting", shelves=list(self.devices), discovery=self.cfg.discovery.enabled,
-            agents=self.agent_base, broker=f"{self.cfg.mqtt.host}:{self.cfg.mqtt.port}",
-            tsdb=self.cfg.tsdb.url or "embedded spool",
-            lifecycle=self.core.persisted.lifecycle.state, state_file=str(self.store.path),
-        )
-        async with asyncio.TaskGroup() as tg:
-            self._tg = tg
-            for name, d in self.devices.items():
-                self._device_tasks[name] = tg.create_task(
-                    supervised(f"modbus:{name}", d.run, self.log)(), name=f"modbus:{name}")
-            disc = None
-            if self.plan is not None:
-                disc = tg.create_task(supervised("discovery", self._discovery, self.log)(),
-                                      name="discovery")
-            mqtt_task = tg.create_task(supervised("mqtt", self.mqtt.run, self.log)(), name="mqtt")
-            writer_task = tg.create_task(supervised("tsdb", self.writer.run, self.log)(),
-                                         name="tsdb")
-            tick = tg.create_task(
-                run_ticker(self.cfg.control.tick_s, self._tick, self.clock, self.tick_stats),
-                name="tick",
-            )
-            await stop.wait()
-            self.notifier.stopping("stopping")
-            tick.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await tick
-            pending = self.core.seq.pending
-            if pending:  # a stop mid-sequence: say what was not switched (not persisted)
-                self.log.warning("sequence_interrupted",
-                                 not_switched=[{"tray": k, "on": on} for k, on in pending],
-                                 note="these trays keep their state; re-send the power command")
-            if disc is not None:
-                disc.cancel()
-            with contextlib.suppress(OSError):
-                await asyncio.wait_for(asyncio.to_thread(self.store.save, self.core.persisted),
-                                       self.cfg.control.stop_budget_s)
-            if self._bg:
-                await asyncio.wait(list(self._bg), timeout=self.cfg.control.stop_budget_s)
-            self._publish_state(self.clock.wall_ns())
-            await self.mqtt.stop()
-            mqtt_task.cancel()
-            await self.writer.close()
-            writer_task.cancel()
-            for t in self._device_tasks.values():
-                t.cancel()
-            self._tg = None
-        self.log.info("stopped", agent_commands=self.agent_stats)
+    def start_fields(self) -> Mapping[str, Any]:
+        c = self.cfg
+        return {"shelves": list(self.devices), "discovery": c.discovery.enabled,
+                "agents": self.agent_base, "broker": f"{c.mqtt.host}:{c.mqtt.port}",
+                "tsdb": c.tsdb.url or "embedded spool",
+                "lifecycle": self.core.persisted.lifecycle.state,
+                "state_file": str(self.store.path)}
 
-    def reload(self) -> None:
-        """SIGHUP: command roles and logging apply at once; other sections need a restart."""
-        if self.config_path is None:
-            self.log.info("reload_skipped", reason="running on embedded defaults")
-            return
-        self.notifier.reloading()
-        try:
-            cfg = load_racky_config(self.config_path)
-        except ConfigError as err:
-            self.log.error("reload_rejected", error=str(err))
-            self.notifier.status("reload rejected: config invalid; running config kept")
-            return
-        self.commands.update_settings(cfg.commands)
-        if cfg.log != self.cfg.log:
-            configure_logging(cfg.log.level, cfg.log.format)
-        changed = [k for k in type(cfg).model_fields
-                   if k not in ("commands", "log") and getattr(cfg, k) != getattr(self.cfg, k)]
-        if changed:
-            self.log.warning("reload_needs_restart", sections=changed)
-        self.cfg = cfg.model_copy(update={k: getattr(self.cfg, k) for k in changed})
-        self.log.info("reloaded", applied=["commands", "log"], kept=changed)
-        self.notifier.reloaded()
+    def owner_tasks(self) -> Sequence[OwnerTask]:
+        tasks = [OwnerTask(f"modbus:{name}", d.run) for name, d in self.devices.items()]
+        if self.plan is not None:
+            tasks.append(OwnerTask("discovery", self._discovery))
+        return tasks
+
+    @property
+    def _device_tasks(self) -> dict[str, asyncio.Task[Any]]:
+        """The running shelf owner tasks by shelf name."""
+        return {n.removeprefix("modbus:"): t for n, t in self.tasks.items()
+                if n.startswith("modbus:")}
+
+    async def stop_outputs(self) -> None:
+        """No stop writes: the node agents keep the settings racky gave them. A stop
+        mid-sequence says what was not switched; discovery stops."""
+        pending = self.core.seq.pending
+        if pending:  # a stop mid-sequence: say what was not switched (not persisted)
+            self.log.warning("sequence_interrupted",
+                             not_switched=[{"tray": k, "on": on} for k, on in pending],
+                             note="these trays keep their state; re-send the power command")
+        self.stop_task("discovery")
+
+    async def save_state_at_stop(self) -> None:
+        """The persisted state, then the background saves and reports, each within
+        ``control.stop_budget_s``."""
+        with contextlib.suppress(OSError, TimeoutError):
+            await asyncio.wait_for(asyncio.to_thread(self.store.save, self.core.persisted),
+                                   self.cfg.control.stop_budget_s)
+        if self._bg:
+            await asyncio.wait(list(self._bg), timeout=self.cfg.control.stop_budget_s)
+
+    def publish_final_state(self) -> None:
+        self._publish_state(self.clock.wall_ns())
+
+    def final_counts(self) -> Mapping[str, Any]:
+        return {"agent_commands": self.agent_stats}

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -21,15 +20,11 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rackplane.config import StrictModel
+from rackplane.paths import in_state_directory
 from rackplane.settings import (
     CommandSettings,
-    Identity,
-    LogSettings,
-    MetricsSettings,
+    DaemonSettings,
     ModbusTargetSettings,
-    MqttSettings,
-    SpoolSettings,
-    TsdbSettings,
     resolve_path,
 )
 
@@ -542,17 +537,9 @@ def _default_commands() -> CommandSettings:
     return CommandSettings(users={"valvey": "automation"})
 
 
-class RackyConfig(StrictModel):
+class RackyConfig(DaemonSettings):
     """The whole racky config file."""
 
-    identity: Identity = Identity()
-    log: LogSettings = LogSettings()
-    mqtt: MqttSettings = MqttSettings()
-    tsdb: TsdbSettings = TsdbSettings()
-    spool: SpoolSettings = SpoolSettings()
-    metrics: MetricsSettings = Field(
-        default_factory=MetricsSettings,
-        description="self-metrics: state/health, time series, optional Prometheus /metrics")
     power_shelves: list[ModbusTargetSettings] = Field(
         default_factory=list, description="power shelves polled over Modbus TCP (register map "
         "power-shelf); discovered shelves come on top"
@@ -593,8 +580,4 @@ class RackyConfig(StrictModel):
 def state_path(p: Path, environ: dict[str, str] | None = None) -> Path:
     """A racky file path: absolute as given; relative inside ``$STATE_DIRECTORY`` (first entry)
     under systemd, else the working directory."""
-    if p.is_absolute():
-        return p
-    env = os.environ if environ is None else environ
-    sd = env.get("STATE_DIRECTORY")
-    return (Path(sd.split(":")[0]) / p) if sd else p
+    return in_state_directory(p, environ)

@@ -1,6 +1,8 @@
-"""valvey the daemon: adapters around the pure core (DESIGN §1).
+"""valvey the daemon: adapters around the pure core (DESIGN §1), on the daemon frame
+(`rackplane.daemon.DaemonFrame`: MQTT link, telemetry writer, commands with leases and audit,
+self-metrics, TaskGroup, ordered stop, SIGHUP reload, sd_notify).
 
-Tasks in one TaskGroup: ``modbus:<cdu>`` (the CDU's owner task), ``mqtt`` (broker link),
+Tasks in one TaskGroup: ``modbus`` (the CDU's owner task), ``mqtt`` (broker link),
 ``tsdb`` (spool and writer), ``control`` (the 10 Hz tick). The tick never awaits the network:
 it reads the latest samples, calls `ValveyCore.step`, hands output writes to the device's
 owner task (one in flight per point, the newest value wins), and queues state, alarms and
@@ -16,33 +18,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
-from rackplane.clock import SYSTEM_CLOCK, Clock
-from rackplane.commands import CommandAudit, CommandRouter, LeaseGate
 from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.core.alarms import AlarmEvent
-from rackplane.core.leases import LeaseTable
 from rackplane.core.registers import RegisterMap, load_register_map
 from rackplane.core.samples import Sample
+from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask, ReloadOutcome
 from rackplane.errors import ConfigError, ModbusError, WriteRejected
 from rackplane.io.modbus import ModbusDevice
-from rackplane.io.mqtt import Message, MqttLink
+from rackplane.io.mqtt import Message
 from rackplane.io.selfmetrics import (
     TELEMETRY_ALARMS,
-    SelfMetrics,
     pv_age_s,
     telemetry_alarm_conditions,
 )
-from rackplane.io.service import Notifier, TickStats, run_ticker, supervised
 from rackplane.io.spool import check_spool_config
 from rackplane.io.statefile import StateFileError
-from rackplane.io.tsdb import TelemetryWriter
-from rackplane.log import configure_logging, get_logger
 from rackplane.settings import effective_spool, environment_checks
+from rackplane.topics import PeerTopics
 from valvey.commands import VALVEY_OUTPUTS, register_valvey_commands
 from valvey.config import ValveyConfig, check_points_against_map
 from valvey.core.controller import (
@@ -61,6 +59,8 @@ from valvey.persist import (
 )
 
 DAEMON = "valvey"
+
+__all__ = ["DAEMON", "MEASUREMENT_OF_POINT", "OutputWriter", "Valvey", "load_valvey_config"]
 
 # Time-series measurement of each CDU point (DESIGN §3: measurements name the equipment);
 # points not listed go to ``cdu``.
@@ -186,35 +186,31 @@ class OutputWriter:
             await asyncio.wait(list(self.inflight.values()), timeout=deadline - loop.time())
 
 
-class Valvey:
+class Valvey(DaemonFrame[ValveyConfig]):
     """The valvey daemon.
 
     Args:
         cfg: validated config; regmap: its CDU register map.
-        clock: injected clocks (tests use a real clock; lock-step runs use the core directly).
-        notifier: systemd notification (default from the environment).
-        config_path: the file to re-read on SIGHUP (None: embedded defaults, no reload).
+        options: the frame's (`rackplane.daemon.FrameOptions`): ``clock`` (injected clocks),
+            ``notifier`` (systemd notification, default from the environment),
+            ``config_path`` (the file to re-read on SIGHUP; None: embedded defaults).
     """
+
+    daemon = DAEMON
+    tick_task_name = "control"
+    stopping_status = "stopping: outputs to their stop state, draining telemetry"
 
     def __init__(
         self,
         cfg: ValveyConfig,
         regmap: RegisterMap,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-        notifier: Notifier | None = None,
-        config_path: str | os.PathLike[str] | None = None,
+        **options: Unpack[FrameOptions],
     ):
-        self.cfg = cfg
+        super().__init__(cfg, **options)
+        clock = self.clock
         self.regmap = regmap
-        self.clock = clock
-        self.config_path = config_path
-        self.notifier = notifier or Notifier(clock)
-        self.log = get_logger(DAEMON)
         ident = cfg.identity
-        self.tags_base = {"site": ident.site, "row": ident.row, "rack": ident.rack}
         self.latest: dict[str, Sample] = {}
-        self.tick_stats = TickStats()
         # Request ids to racky must not repeat across restarts (racky de-duplicates by id):
         # wall-clock: a per-start unique prefix, never used for timing.
         # The telemetry path's alarms (issue 7) are the daemon's: the core keeps their state,
@@ -223,12 +219,7 @@ class Valvey:
                                            request_prefix=f"valvey-{clock.wall_ns():x}",
                                            extra_alarms=TELEMETRY_ALARMS)
         self.device = ModbusDevice(cfg.cdu, regmap, clock=clock, on_samples=self._on_samples)
-        self.mqtt = MqttLink(cfg.mqtt, ident, DAEMON, clock=clock)
-        self.writer = TelemetryWriter(
-            cfg.tsdb, effective_spool(cfg.spool), identity_tags=self.tags_base, clock=clock
-        )
         self.outputs = OutputWriter(self.device, cfg.control.write_timeout_s, self.log)
-        self.selfmetrics = SelfMetrics(DAEMON, cfg.metrics, clock=clock)
         # The setpoint and loop mode set by command survive a restart (valvey.persist).
         self._owner = f"{ident.site}/{ident.rack}"
         self.statefile = open_state_file(
@@ -238,19 +229,12 @@ class Valvey:
         self._save_retry_at = 0.0
         self._save_failing: str | None = None
         # Commands (DESIGN §1, §3): cmd/<user>/<verb> -> validate -> core -> reply; each one
-        # audited to the time series. Subscribed before run(), so commands a persistent
-        # session delivers right after CONNACK find their handler (BR-22 a).
-        self.commands = CommandRouter(
-            self.mqtt, cfg.commands, clock=clock, audit=self._audit_command
-        )
-        # Leases (DESIGN §1): operator > automation, each with an expiry; the manual valve
-        # output only under one; interlocks (from the tick) override every lease.
-        self.leases = LeaseGate(self.commands, LeaseTable(
-            VALVEY_OUTPUTS, default_ttl_s=cfg.commands.lease_default_ttl_s,
-            max_ttl_s=cfg.commands.lease_max_ttl_s))
-        register_valvey_commands(self.commands, self.core, on_alarm_events=self._alarms,
-                                 leases=self.leases)
-        self.commands.attach()
+        # audited to the time series. Leases: operator > automation, each with an expiry; the
+        # manual valve output only under one; interlocks (from the tick) override every lease.
+        self.attach_commands(
+            lease_outputs=VALVEY_OUTPUTS,
+            register=lambda router, leases: register_valvey_commands(
+                router, self.core, on_alarm_events=self._alarms, leases=leases))
         # Sensors over MQTT (room air, leak sensors, racky's rack power: DESIGN §3 "sensor
         # topics are mapped in config") and racky's replies to valvey's requests.
         root, site, rack = cfg.mqtt.topic_root, ident.site, ident.rack
@@ -260,15 +244,20 @@ class Valvey:
         for topic in self._sensor_topics:
             self.mqtt.subscribe(topic, self._on_sensor_message, qos=0)
         self.racky_user = cfg.racky.user or cfg.mqtt.username or "valvey"
-        self._racky_base = f"{root}/{site}/{rack}/{cfg.racky.daemon}/cmd/{self.racky_user}"
-        self.mqtt.subscribe(f"{self._racky_base}/+/result", self._on_racky_reply, qos=1)
+        self.racky_topics = PeerTopics.of(root, ident, cfg.racky.daemon)
+        self._racky_base = self.racky_topics.cmd_base(self.racky_user)
+        self.mqtt.subscribe(self.racky_topics.cmd_results(self.racky_user), self._on_racky_reply,
+                            qos=1)
         self._request_failing: str | None = None
         self._pending_sends: set[asyncio.Task[None]] = set()
         self._next_state = 0.0
         self._next_telemetry = 0.0
         self._next_pid_telemetry = 0.0
-        self._started_mono = clock.monotonic()
-        self.first_step_done = asyncio.Event()
+
+    @classmethod
+    def load_config(cls, path: str | os.PathLike[str]) -> ValveyConfig:
+        """`load_valvey_config` (for SIGHUP reload)."""
+        return load_valvey_config(path)[0]
 
     # -- acquisition -----------------------------------------------------------------------
 
@@ -383,6 +372,16 @@ class Valvey:
                 "ready", mode=out.loop.mode, cdu=f"{self.cfg.cdu.host}:{self.cfg.cdu.port}"
             )
 
+    def tick(self, now: float) -> None:
+        """The frame's tick hook: `_tick` (READY and the watchdog are the frame's)."""
+        self._tick(now)
+
+    def ready_status(self) -> tuple[str, Mapping[str, Any]]:
+        loop = self.core.loop
+        mode = "shadow" if loop.shadow else loop.control_mode
+        return (f"control running, loop {mode}",
+                {"mode": mode, "cdu": f"{self.cfg.cdu.host}:{self.cfg.cdu.port}"})
+
     # -- command state across restarts (valvey.persist) --------------------------------------
 
     def _restore_command_state(self) -> CommandState | None:
@@ -398,9 +397,7 @@ class Valvey:
                 raise ValueError(f"saved by {saved.owner!r}, this valvey is {self._owner!r} "
                                  "(set control.state_file per daemon)")
         except ValueError as err:
-            aside = self.statefile.path.with_name(f"{self.statefile.path.name}.bad-{wall}")
-            with contextlib.suppress(OSError):
-                os.replace(self.statefile.path, aside)
+            aside = self.statefile.move_aside(wall)
             self.log.error("state_file_unusable", path=str(self.statefile.path),
                            error=f"bad data: {err}", moved_to=str(aside),
                            effect="starting from the configuration")
@@ -459,11 +456,6 @@ class Valvey:
         None before the first read. Redundant sensors dropped from the vote are alarms of
         their own (``supply_sensor_fault.*``), not PV age."""
         return pv_age_s([self.latest.get(self.cfg.points.supply_temp)], now)
-
-    def _audit_command(self, audit: CommandAudit) -> None:
-        """Every command, accepted or refused: measurement ``command`` (tags user, verb,
-        outcome; fields ok 1/0, latency_s)."""
-        self.writer.write("command", audit.tags(), audit.fields(), audit.wall_ns)
 
     def _pid_telemetry(self, out: CoreOutput) -> None:
         self._supply_pid_telemetry(out)
@@ -590,7 +582,7 @@ class Valvey:
         """Self-metrics for the retained ``state/health`` topic."""
         w = self.writer.stats
         return {
-            "uptime_s": round(self.clock.monotonic() - self._started_mono, 1),
+            "uptime_s": self.uptime_s(),
             "tick_late_last_s": round(self.tick_stats.late_last_s, 4),
             "tick_late_max_s": round(self.tick_stats.late_max_s, 4),
             "tick_overruns": self.tick_stats.overruns,
@@ -618,49 +610,31 @@ class Valvey:
             },
         }
 
-    # -- lifecycle ---------------------------------------------------------------------------
+    # -- lifecycle (the frame's hooks) -------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Run until ``stop`` is set, then shut down in order (see the module docstring)."""
-        self.log.info(
-            "starting",
-            site=self.cfg.identity.site,
-            rack=self.cfg.identity.rack,
-            cdu=f"{self.cfg.cdu.host}:{self.cfg.cdu.port}/{self.cfg.cdu.unit_id}",
-            broker=f"{self.cfg.mqtt.host}:{self.cfg.mqtt.port}",
-            tsdb=self.cfg.tsdb.url or "embedded spool",
-            shadow=self.cfg.supply_loop.shadow,
-        )
-        async with asyncio.TaskGroup() as tg:
-            side = [
-                tg.create_task(supervised("modbus", self.device.run, self.log)(), name="modbus"),
-                tg.create_task(supervised("mqtt", self.mqtt.run, self.log)(), name="mqtt"),
-            ]
-            writer_task = tg.create_task(
-                supervised("tsdb", self.writer.run, self.log)(), name="tsdb"
-            )
-            control = tg.create_task(
-                run_ticker(self.cfg.control.tick_s, self._tick, self.clock, self.tick_stats),
-                name="control",
-            )
-            await stop.wait()
-            self.notifier.stopping("stopping: outputs to their stop state, draining telemetry")
-            self.log.info("stopping")
-            control.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await control
-            await self._stop_outputs()
-            if self._save_task is not None:
-                with contextlib.suppress(Exception):
-                    await self._save_task
-            self._save_state_now()
-            self._publish_state()
-            await self.mqtt.stop()
-            side[1].cancel()
-            await self.writer.close()
-            writer_task.cancel()
-            side[0].cancel()
-        self.log.info("stopped", **self._final_counts())
+    def start_fields(self) -> Mapping[str, Any]:
+        c = self.cfg
+        return {"site": c.identity.site, "rack": c.identity.rack,
+                "cdu": f"{c.cdu.host}:{c.cdu.port}/{c.cdu.unit_id}",
+                "broker": f"{c.mqtt.host}:{c.mqtt.port}", "tsdb": c.tsdb.url or "embedded spool",
+                "shadow": c.supply_loop.shadow}
+
+    def owner_tasks(self) -> Sequence[OwnerTask]:
+        return [OwnerTask("modbus", self.device.run)]
+
+    async def stop_outputs(self) -> None:
+        """The outputs' declared stop writes, bounded by ``control.stop_budget_s``."""
+        await self._stop_outputs()
+
+    async def save_state_at_stop(self) -> None:
+        """The save in flight, then a last one when the command state changed since."""
+        if self._save_task is not None:
+            with contextlib.suppress(Exception):
+                await self._save_task
+        self._save_state_now()
+
+    def publish_final_state(self) -> None:
+        self._publish_state()
 
     async def _stop_outputs(self) -> None:
         writes = self.core.stop_writes()
@@ -671,7 +645,7 @@ class Valvey:
         if not writes:
             self.log.info("stop_action_hold", note="outputs hold their last value")
 
-    def _final_counts(self) -> dict[str, Any]:
+    def final_counts(self) -> Mapping[str, Any]:
         w = self.writer.stats
         return {
             "spooled_lines": w.spooled,
@@ -679,18 +653,9 @@ class Valvey:
             "depth_lines": w.depth_lines,
         }
 
-    def reload(self) -> None:
-        """SIGHUP: re-read the config; loop settings apply without bumping the output."""
-        if self.config_path is None:
-            self.log.info("reload_skipped", reason="running on embedded defaults")
-            return
-        self.notifier.reloading()
-        try:
-            cfg, _ = load_valvey_config(self.config_path)
-        except ConfigError as err:
-            self.log.error("reload_rejected", error=str(err))
-            self.notifier.status("reload rejected: config invalid; running config kept")
-            return
+    def apply_reload(self, cfg: ValveyConfig) -> ReloadOutcome:
+        """SIGHUP: loop settings apply without bumping the output; identity, mqtt, tsdb,
+        spool, cdu, points and control only after a restart."""
         old_sp, old_shadow = self.cfg.supply_loop.setpoint_c, self.cfg.supply_loop.shadow
         shadow_now = self.core.loop.shadow
         self.core.reload(cfg.supply_loop)
@@ -700,18 +665,7 @@ class Valvey:
             self.core.loop.set_setpoint(cfg.supply_loop.setpoint_c)
         if cfg.supply_loop.shadow == old_shadow:
             self.core.loop.set_shadow(shadow_now)
-        self.commands.update_settings(cfg.commands)  # roles and limits apply at once
-        if cfg.log != self.cfg.log:
-            configure_logging(cfg.log.level, cfg.log.format)
-        changed = [
-            k
-            for k in ("identity", "mqtt", "tsdb", "spool", "cdu", "points", "control")
-            if getattr(cfg, k) != getattr(self.cfg, k)
-        ]
-        if changed:
-            self.log.warning("reload_needs_restart", sections=changed,
-                             note="these sections apply only after a restart")
-        self.cfg = cfg.model_copy(update={k: getattr(self.cfg, k) for k in changed})
-        self.log.info("reloaded", setpoint_c=self.core.loop.setpoint_c,
-                      applied=["supply_loop", "commands", "log"], kept=changed)
-        self.notifier.reloaded()
+        return ReloadOutcome(
+            applied=("supply_loop",),
+            restart_sections=("identity", "mqtt", "tsdb", "spool", "cdu", "points", "control"),
+            fields={"setpoint_c": self.core.loop.setpoint_c})

@@ -17,13 +17,9 @@ from rackplane.core.registers import RegisterMap
 from rackplane.errors import ConfigError
 from rackplane.settings import (
     CommandSettings,
-    Identity,
-    LogSettings,
-    MetricsSettings,
+    DaemonSettings,
     ModbusTargetSettings,
-    MqttSettings,
     SpoolSettings,
-    TsdbSettings,
 )
 from valvey.core.capacity import CapacitySettings
 from valvey.core.feedforward import FeedforwardSettings
@@ -166,20 +162,13 @@ class CduTarget(ModbusTargetSettings):
     )
 
 
-class ValveyConfig(StrictModel):
+class ValveyConfig(DaemonSettings):
     """The whole valvey config file."""
 
-    identity: Identity = Identity()
-    log: LogSettings = LogSettings()
-    mqtt: MqttSettings = MqttSettings()
-    tsdb: TsdbSettings = TsdbSettings()
     spool: SpoolSettings = Field(
         default_factory=lambda: SpoolSettings(),
         description="spool directory: default $STATE_DIRECTORY/spool under systemd, else ./spool",
     )
-    metrics: MetricsSettings = Field(
-        default_factory=MetricsSettings,
-        description="self-metrics: state/health, time series, optional Prometheus /metrics")
     cdu: CduTarget = CduTarget()
     points: CduPoints = CduPoints()
     supply_loop: SupplyLoopSettings = SupplyLoopSettings()

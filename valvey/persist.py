@@ -30,13 +30,13 @@ them (holders re-acquire).
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from rackplane.errors import CommandError
 from rackplane.io.statefile import StateFile
+from rackplane.paths import in_state_directory
 from rackplane.settings import SpoolSettings, effective_spool
 from valvey.core.supply_loop import SupplyLoop, SupplyLoopSettings
 
@@ -64,11 +64,7 @@ def state_file_path(
     (``rack``: ``identity.rack``) in the parent of the effective spool folder."""
     if state_file is None:
         return effective_spool(spool, environ).directory.parent / DEFAULT_NAME.format(rack=rack)
-    env = os.environ if environ is None else environ
-    if state_file.is_absolute():
-        return state_file
-    sd = env.get("STATE_DIRECTORY")
-    return (Path(sd.split(":")[0]) / state_file) if sd else state_file
+    return in_state_directory(state_file, environ)
 
 
 def open_state_file(path: Path, log: Any = None) -> StateFile:

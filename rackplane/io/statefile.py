@@ -3,15 +3,15 @@ restart; an upgrade or a rollback reads or refuses it clearly).
 
 For state a daemon must keep across restarts that is not telemetry, e.g. valvey's setpoint and
 loop mode set by command (so a restart does not silently revert an operator's decision).
-racky's `racky.core.lifecycle.StateStore` follows the same rules for its own document.
+racky's `racky.persist.StateStore` follows the same rules for its own document.
 
 Document::
 
     {"format": "<name>", "version": <int>, "saved_wall_ns": <int>, "data": {...}}
 
-- **Atomic**: written to a temporary file in the same folder, fsynced, renamed over the old
-  one, then the folder fsynced: a crash or power loss leaves the old or the new document,
-  never a mix.
+- **Atomic** (`rackplane.io.files.write_atomic`): written to a temporary file in the same
+  folder, fsynced, renamed over the old one, then the folder fsynced: a crash or power loss
+  leaves the old or the new document, never a mix.
 - **Versioned**: a document of a *newer* version (a rollback) is refused with
   `StateVersionError` naming both versions; an *older* one (an upgrade) is converted by the
   caller's ``migrations`` (``{old_version: fn(data) -> data of old_version + 1}``) or refused
@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rackplane.errors import RackplaneError
+from rackplane.io.files import move_aside, write_atomic
 from rackplane.log import get_logger
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
@@ -138,13 +138,19 @@ class StateFile:
         try:
             data = self.load()
         except StateFileError as err:
-            aside = self.path.with_name(f"{self.path.name}.bad-{wall_ns}")
-            with contextlib.suppress(OSError):
-                os.replace(self.path, aside)
+            aside = self.move_aside(wall_ns)
             self._log.error("state_file_unusable", path=str(self.path), error=str(err),
                             moved_to=str(aside), effect="starting from the configuration")
             return dict(default)
         return dict(default) if data is None else data
+
+    def move_aside(self, wall_ns: int) -> Path:
+        """Move an unusable file aside to ``<name>.bad-<wall_ns>`` (best effort: a file that
+        cannot be moved stays) and return that name."""
+        aside = self.path.with_name(f"{self.path.name}.bad-{wall_ns}")
+        with contextlib.suppress(OSError):
+            aside = move_aside(self.path, f"bad-{wall_ns}")
+        return aside
 
     def save(self, data: Mapping[str, Any], wall_ns: int) -> None:
         """Write ``data`` atomically (temporary file, fsync, rename, folder fsync).
@@ -159,25 +165,8 @@ class StateFile:
             text = json.dumps(doc, indent=1, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as err:
             raise StateFileError(f"state for {self.path} is not JSON-serialisable: {err}") from None
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
-            try:
-                view = memoryview(text.encode())
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            dfd = os.open(self.path.parent, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            write_atomic(self.path, text)
         except OSError as err:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise StateFileError(f"cannot write state file {self.path}: {err}") from None
         self.saves += 1

@@ -17,20 +17,16 @@ States (`racky.config.LIFECYCLE_STATES`)::
 * ``quarantined`` can be entered from any state by command; it is left only by a new
   validation or to ``maintenance``.
 
-`StateStore` persists the state across restarts: one JSON document, versioned (``format``,
-``version``), written atomically (temporary file in the same directory, fsync, rename, fsync of
-the directory) so a crash leaves the old or the new file, never a torn one. An unreadable or
+`PersistedState` is what survives a restart: one JSON document, versioned (``format``,
+``version``); `racky.persist.StateStore` reads it and writes it atomically. An unreadable or
 foreign file is moved aside (``<name>.corrupt-<ns>``) and racky starts in ``maintenance``
 (never ``production`` on a guess), saying why.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rackplane.errors import CommandError
@@ -222,69 +218,3 @@ def _obj(v: Any, path: str) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise ValueError(f"{path}: not an object")
     return v
-
-
-class StateStore:
-    """Loads and atomically saves `PersistedState` at ``path`` (module docstring)."""
-
-    def __init__(self, path: Path, initial: LifecycleState = "provisioning") -> None:
-        self.path = Path(path)
-        self.initial: LifecycleState = initial
-        self.saves = 0
-
-    def load(self, wall_ns: int) -> PersistedState:
-        """The persisted state, a fresh one (no file), or ``maintenance`` with a note when the
-        file was unusable (moved aside). Never raises for the file's content."""
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return PersistedState(Lifecycle(self.initial, wall_ns, "new rack", "racky"))
-        except OSError as err:
-            return self._unusable(wall_ns, f"cannot read {self.path}: {err}", move=False)
-        try:
-            return PersistedState.from_json(json.loads(text))
-        except (ValueError, TypeError, KeyError, RecursionError) as err:
-            return self._unusable(wall_ns, f"{self.path}: {err}", move=True)
-
-    def _unusable(self, wall_ns: int, why: str, *, move: bool) -> PersistedState:
-        note = why
-        if move:
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{wall_ns}")
-            try:
-                os.replace(self.path, aside)
-                note += f"; moved aside to {aside}"
-            except OSError as err:
-                note += f"; could not move it aside ({err})"
-        st = PersistedState(Lifecycle("maintenance", wall_ns,
-                                      "state file unusable: " + why, "racky"))
-        st.notes.append(note)
-        return st
-
-    def save(self, state: PersistedState) -> None:
-        """Write atomically (tmp + fsync + rename + directory fsync).
-
-        Raises:
-            OSError: the directory cannot be written, or is missing (it is never created,
-                except inside systemd's ``$STATE_DIRECTORY``).
-        """
-        parent = self.path.parent
-        if not parent.is_dir():
-            sd = [Path(d).absolute() for d in os.environ.get("STATE_DIRECTORY", "").split(":") if d]
-            if not any(d == parent.absolute() or d in parent.absolute().parents for d in sd):
-                raise FileNotFoundError(
-                    f"state file folder {parent} does not exist (lifecycle.state_file; "
-                    "it is not created: create it or point state_file into an existing one)")
-            parent.mkdir(parents=True, exist_ok=True)
-        data = json.dumps(state.to_json(), indent=2, sort_keys=True) + "\n"
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        self.saves += 1

@@ -91,7 +91,7 @@ def test_check_config_refuses_missing_state_file_folder(
 def test_racky_state_store_does_not_create_missing_folders(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from racky.core.lifecycle import StateStore
+    from racky.persist import StateStore
 
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     store = StateStore(tmp_path / "no" / "dir" / "racky-state.json")

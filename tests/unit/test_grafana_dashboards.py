@@ -2,10 +2,11 @@
 
 The written schema is derived from the daemons' code, never typed here:
 
-- every ``<writer>.write("<measurement>", <tags>, <fields>)`` call in valvey/ and racky/ is
-  read with `ast`: the fields are the keys of the dict literal passed (or assigned to the
-  name passed, plus ``name["key"] = ...`` assignments), of the dict a called method returns
-  (``audit.fields()``), or of the dict a comprehension iterates (``lk.port_figures()``);
+- every ``<writer>.write("<measurement>", <tags>, <fields>)`` call in valvey/ and racky/ and
+  in the daemon frame both run on (rackplane/daemon.py) is read with `ast`: the fields are the
+  keys of the dict literal passed (or assigned to the name passed, plus ``name["key"] = ...``
+  assignments), of the dict a called method returns (``audit.fields()``), or of the dict a
+  comprehension iterates (``lk.port_figures()``);
   tags likewise from the tags argument;
 - ``write_samples`` calls write the register map's points (``<point>`` and
   ``<point>_quality``): valvey's CDU map split by ``valvey.app.MEASUREMENT_OF_POINT``,
@@ -141,7 +142,8 @@ def written_schema() -> Schema:
     s = Schema()
     for daemon in ("valvey", "racky"):
         uses_selfmetrics = False
-        for path, tree in _sources(daemon).items():
+        frame = ROOT / "rackplane" / "daemon.py"
+        for path, tree in {**_sources(daemon), frame: ALL_SOURCES[frame]}.items():
             for fn in _functions(tree):
                 for call in ast.walk(fn):
                     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):

@@ -14,7 +14,8 @@ from harness.lockstep_racky import WALL0_NS, fouling_hook, run_racky, run_valida
 from rackplane.errors import CommandError
 from racky.config import BlastRadiusSettings, RackyConfig
 from racky.core.controller import RackyCore
-from racky.core.lifecycle import Lifecycle, PersistedState, StateStore
+from racky.core.lifecycle import Lifecycle, PersistedState
+from racky.persist import StateStore
 from sims.scenario import FabricSpec, ScenarioRun, load_scenario
 
 SC = load_scenario("load-step-short")

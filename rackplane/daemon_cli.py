@@ -1,0 +1,123 @@
+"""The command line every daemon shares, built once from a `DaemonCli` description.
+
+Flags: ``--config/-c FILE`` (default: embedded defaults), ``--check-config`` (validate, print
+one summary line, exit 0; 2 when invalid), ``--dry-connect`` (the daemon's one-shot device
+read, exit 0 or 1), ``--print-default-config`` (every key with its default, as TOML),
+``--log-level`` and ``--log-format`` (default: the config's ``[log]``). Without any of them
+the daemon runs (`rackplane.io.service.run_daemon`) until SIGTERM. Exit codes: 0 ok,
+1 runtime failure, 2 invalid config (`rackplane.cli`).
+"""
+
+# No ``from __future__ import annotations`` here: typer reads the command's annotations at
+# run time, and the ``--dry-connect`` help in them is the daemon's (a closure variable).
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Generic, TypeVar
+
+import typer
+from rich.console import Console
+
+from rackplane.cli import (
+    EXIT_OK,
+    LogFormat,
+    LogLevel,
+    fail_config,
+    run_async,
+    setup_logging,
+)
+from rackplane.config import example_toml
+from rackplane.errors import ConfigError
+from rackplane.io.service import Daemon, run_daemon
+from rackplane.settings import LogSettings
+
+__all__ = ["DaemonCli", "daemon_app"]
+
+L = TypeVar("L")
+"""What a daemon's loader returns (its config, or its config with what was loaded beside it)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DaemonCli(Generic[L]):
+    """What a daemon's command line needs to know.
+
+    Args:
+        name: the command (and console script) name.
+        help: the command's help text.
+        app_help: the application's help text (the CLI module's docstring).
+        config_model: the config model (``--print-default-config``).
+        load: config path (None: embedded defaults) -> loaded config; raises `ConfigError`
+            with the key path.
+        log_settings: the ``[log]`` section of what `load` returned.
+        summary: the ``--check-config`` line for what `load` returned and the path.
+        dry_connect: the one-shot device read; returns the exit code.
+        dry_connect_help: the ``--dry-connect`` help text.
+        build: what `load` returned and the path -> the daemon (may raise `ConfigError`).
+        no_args_is_help: typer's option of the same name.
+    """
+
+    name: str
+    help: str
+    app_help: str | None
+    config_model: type[Any]
+    load: Callable[[Path | None], L]
+    log_settings: Callable[[L], LogSettings]
+    summary: Callable[[L, Path | None], str]
+    dry_connect: Callable[[L, Console], int]
+    dry_connect_help: str
+    build: Callable[[L, Path | None], Daemon]
+    no_args_is_help: bool | None = None
+
+
+def daemon_app(spec: DaemonCli[L]) -> typer.Typer:
+    """The typer application of a daemon (see the module docstring)."""
+    kw: dict[str, Any] = {}
+    if spec.no_args_is_help is not None:
+        kw["no_args_is_help"] = spec.no_args_is_help
+    app = typer.Typer(add_completion=False, help=spec.app_help, **kw)
+
+    def command(
+        config: Annotated[
+            Path | None,
+            typer.Option("--config", "-c", help="TOML config file (default: embedded defaults)"),
+        ] = None,
+        check_config: Annotated[
+            bool,
+            typer.Option("--check-config", help="validate the config and exit (2 if invalid)"),
+        ] = False,
+        dry_connect: Annotated[
+            bool, typer.Option("--dry-connect", help=spec.dry_connect_help)
+        ] = False,
+        print_default_config: Annotated[
+            bool, typer.Option("--print-default-config", help="print every key with its default")
+        ] = False,
+        log_level: Annotated[LogLevel | None, typer.Option(help="default: [log] level")] = None,
+        log_format: Annotated[LogFormat | None, typer.Option(help="default: [log] format")] = None,
+    ) -> None:
+        if print_default_config:
+            text = example_toml(spec.config_model,
+                                f"{spec.name} configuration ({spec.name} --config FILE)")
+            typer.echo(text, nl=False)
+            raise typer.Exit(EXIT_OK)
+        try:
+            loaded = spec.load(config)
+        except ConfigError as err:
+            fail_config(err)
+            return
+        setup_logging(log_level, log_format, spec.log_settings(loaded))
+        console = Console()
+        if check_config:
+            console.print(spec.summary(loaded, config), highlight=False, markup=False)
+            raise typer.Exit(EXIT_OK)
+        if dry_connect:
+            raise typer.Exit(spec.dry_connect(loaded, console))
+        try:
+            daemon = spec.build(loaded, config)
+        except ConfigError as err:
+            fail_config(err)
+            return
+        raise typer.Exit(run_async(lambda: run_daemon(daemon, spec.name)))
+
+    command.__doc__ = spec.help
+    app.command(name=spec.name)(command)
+    return app
