@@ -45,6 +45,7 @@ from rackplane.io.service import TickStats, run_ticker
 from rackplane.log import get_logger
 from rackplane.settings import CommandSettings, Identity, MqttSettings
 from sims.modbus_face import ModbusFace
+from sims.row import VirtualRack
 from sims.scenario import ModbusFaultState, Scenario, ScenarioRun
 from sims.telemetry import (
     GetPowerLimitsArgs,
@@ -56,7 +57,8 @@ from sims.telemetry import (
     tray_payloads,
 )
 
-__all__ = ["SIM_DT_S", "CduSimulator", "VirtualRackSimulator", "encode_readings"]
+__all__ = ["SIM_DT_S", "CduSimulator", "VirtualRackSimulator", "apply_set_power_limits",
+           "encode_readings", "plant_payload", "serve_values"]
 
 SIM_DT_S = 0.1
 
@@ -107,6 +109,73 @@ def _sentinel_regs(raw_u: int, words: int, order: str) -> list[int]:
     if order in ("BADC", "DCBA"):
         regs = [((r & 0xFF) << 8) | (r >> 8) for r in regs]
     return regs
+
+
+def _check_trays(rack: VirtualRack, trays: Sequence[int]) -> None:
+    n = rack.compute.n_trays
+    bad = [t for t in trays if not 0 <= t < n]
+    if bad:
+        raise CommandError("unknown_tray", f"trays {bad} do not exist (0..{n - 1})")
+
+
+def apply_set_power_limits(rack: VirtualRack, args: SetPowerLimitsArgs) -> dict[str, Any]:
+    """The node agents' ``set_power_limits`` handler: apply ``args`` to ``rack``'s agents, all
+    trays or none (a field left out keeps its value; ``null`` floor / hysteresis / powered
+    mean 0 / 0 / on). Returns the changes applied.
+
+    Raises:
+        CommandError: ``unknown_tray``; ``out_of_range`` (a setting the agents refuse).
+            Nothing changes when it raises.
+    """
+    agents = rack.agents
+    _check_trays(rack, args.trays)
+    changes = {f: getattr(args, f) for f in args.model_fields_set if f != "trays"}
+    if changes.get("power_floor_pct", 0.0) is None:
+        changes["power_floor_pct"] = 0.0
+    if changes.get("ramp_down_hysteresis_s", 0.0) is None:
+        changes["ramp_down_hysteresis_s"] = 0.0
+    if changes.get("powered", True) is None:
+        changes["powered"] = True
+    new = {t: replace(agents.settings(t), **changes) for t in args.trays}
+    for s in new.values():  # validate all before changing any
+        try:
+            agents.validate(s)
+        except ValueError as err:
+            raise CommandError("out_of_range", str(err)) from None
+    for t, s in new.items():
+        agents.configure(t, s)
+    return changes
+
+
+def plant_payload(run: ScenarioRun, ts_ns: int) -> dict[str, Any]:
+    """``telemetry/plant`` (`sims.telemetry.PlantTelemetry`): the CDU's truth at ``ts_ns``."""
+    tr = run.plant.truth()
+    return {
+        "t_s": round(run.t_s, 3),
+        "rack_power_w": tr.rack_power_w,
+        "facility_supply_temp_c": tr.facility_supply_temp_c,
+        "supply_temp_c": tr.supply_temp_c,
+        "return_temp_c": tr.return_temp_c,
+        "flow_lpm": tr.flow_lpm,
+        "valve_position_pct": tr.valve_position_pct,
+        "valve_command_pct": tr.valve_command_pct,
+        "hottest_gpu_tj_c": tr.hottest_gpu_tj_c,
+        "local_control": tr.local_control,
+        "ts_ns": ts_ns,
+    }
+
+
+def serve_values(face: ModbusFace, regmap: RegisterMap, values: Mapping[str, float],
+                 sentinel_points: frozenset[str] | set[str] = frozenset(),
+                 unit: int | None = None) -> list[str]:
+    """Put plant readings into ``face``'s registers as the simulator serves them
+    (`encode_readings`: sentinels raw, unrepresentable values held). Returns the held names."""
+    ok, raw, held = encode_readings(regmap, values, sentinel_points)
+    face.update(ok, unit=unit)
+    for name, regs in raw.items():
+        p = regmap.by_name[name]
+        face.set_registers(p.table, p.address, regs, unit=unit)
+    return held
 
 
 class VirtualRackSimulator:
@@ -231,11 +300,7 @@ class VirtualRackSimulator:
 
     def _update(self, face: ModbusFace, regmap: RegisterMap, values: Mapping[str, float],
                 unit: int | None = None) -> None:
-        ok, raw, held = encode_readings(regmap, values, self.run_.protocol.sentinel_points)
-        face.update(ok, unit=unit)
-        for name, regs in raw.items():
-            p = regmap.by_name[name]
-            face.set_registers(p.table, p.address, regs, unit=unit)
+        held = serve_values(face, regmap, values, self.run_.protocol.sentinel_points, unit)
         new_held = set(held) - self._held
         if new_held:
             self.log.warning("modbus_value_held", points=sorted(new_held),
@@ -291,31 +356,12 @@ class VirtualRackSimulator:
 
     def _check_trays(self, trays: Sequence[int]) -> None:
         assert self.rack is not None
-        n = self.rack.compute.n_trays
-        bad = [t for t in trays if not 0 <= t < n]
-        if bad:
-            raise CommandError("unknown_tray", f"trays {bad} do not exist (0..{n - 1})")
+        _check_trays(self.rack, trays)
 
     def _set_power_limits(self, args: SetPowerLimitsArgs, ctx: CommandContext
                           ) -> dict[str, Any]:
         assert self.rack is not None
-        agents = self.rack.agents
-        self._check_trays(args.trays)
-        changes = {f: getattr(args, f) for f in args.model_fields_set if f != "trays"}
-        if changes.get("power_floor_pct", 0.0) is None:
-            changes["power_floor_pct"] = 0.0
-        if changes.get("ramp_down_hysteresis_s", 0.0) is None:
-            changes["ramp_down_hysteresis_s"] = 0.0
-        if changes.get("powered", True) is None:
-            changes["powered"] = True
-        new = {t: replace(agents.settings(t), **changes) for t in args.trays}
-        for s in new.values():  # validate all before changing any
-            try:
-                agents.validate(s)
-            except ValueError as err:
-                raise CommandError("out_of_range", str(err)) from None
-        for t, s in new.items():
-            agents.configure(t, s)
+        changes = apply_set_power_limits(self.rack, args)
         self.log.info("node_agents_set", user=ctx.user, trays=list(args.trays), changes=changes)
         return node_agents_payload(self.rack, sorted(set(args.trays)))
 
@@ -350,23 +396,7 @@ class VirtualRackSimulator:
         ts = self.clock.wall_ns()
         ident = self.identity
         if pr.publishing("plant"):
-            tr = run.plant.truth()
-            self.mqtt.publish_telemetry(
-                "plant",
-                {
-                    "t_s": round(run.t_s, 3),
-                    "rack_power_w": tr.rack_power_w,
-                    "facility_supply_temp_c": tr.facility_supply_temp_c,
-                    "supply_temp_c": tr.supply_temp_c,
-                    "return_temp_c": tr.return_temp_c,
-                    "flow_lpm": tr.flow_lpm,
-                    "valve_position_pct": tr.valve_position_pct,
-                    "valve_command_pct": tr.valve_command_pct,
-                    "hottest_gpu_tj_c": tr.hottest_gpu_tj_c,
-                    "local_control": tr.local_control,
-                    "ts_ns": ts,
-                },
-            )
+            self.mqtt.publish_telemetry("plant", plant_payload(run, ts))
         vr = self.rack
         if vr is not None:
             if pr.publishing("rack"):
