@@ -42,6 +42,7 @@ from rackplane.core.registers import (
     BlockDecoder,
     ReadBlock,
     ReadMemory,
+    RegisterMap,
     learn_from_exception,
     load_register_map,
     plan_reads,
@@ -128,9 +129,9 @@ class _ShelfFace:
     unimplemented address is learned from as the adapter learns from exception 2) and decoded
     by `rackplane.core.registers.BlockDecoder`, the adapter's decoder."""
 
-    def __init__(self, target: ModbusTargetSettings) -> None:
+    def __init__(self, target: ModbusTargetSettings, regmap: RegisterMap) -> None:
         self.target = target
-        self.regmap = load_register_map(target.register_map)
+        self.regmap = regmap
         self.face = ModbusFace(self.regmap, unit_ids=(target.unit_id,))
         self.order = {p.name: i for i, p in enumerate(self.regmap.points)}
         memory = ReadMemory()
@@ -203,7 +204,11 @@ class _RackyIO:
             ModbusTargetSettings(name=f"shelf{i}", unit_id=i + 1,
                                  register_map=Path("power-shelf"))
             for i in range(n)]
-        self.shelves = [_ShelfFace(t) for t in targets]
+        maps: dict[Path, RegisterMap] = {}
+        for t in targets:
+            if t.register_map not in maps:
+                maps[t.register_map] = load_register_map(t.register_map)
+        self.shelves = [_ShelfFace(t, maps[t.register_map]) for t in targets]
         root = cfg.mqtt.topic_root
         self.agents = Topics(root, cfg.identity, cfg.node_agents.daemon)
         self.cooling_topic = Topics(root, cfg.identity, cfg.cooling.daemon).state(

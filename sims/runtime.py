@@ -76,7 +76,17 @@ def encode_readings(
     out of the type's range), which keep their last registers. Points not in the map are
     ignored.
     """
-    ok: dict[str, float] = {}
+    enc, raw, held = _encode_readings(regmap, values, sentinel_points)
+    return {name: values[name] for name in enc}, raw, held
+
+
+def _encode_readings(
+    regmap: RegisterMap,
+    values: Mapping[str, float],
+    sentinel_points: frozenset[str] | set[str],
+) -> tuple[dict[str, list[int]], dict[str, list[int]], list[str]]:
+    """`encode_readings` with the registers of the encodable values (name -> registers)."""
+    ok: dict[str, list[int]] = {}
     raw: dict[str, list[int]] = {}
     held: list[str] = []
     by_name = regmap.by_name
@@ -94,11 +104,9 @@ def encode_readings(
                 held.append(name)
             continue
         try:
-            encode_value(p, v)
+            ok[name] = encode_value(p, float(v))
         except ValueError:
             held.append(name)
-            continue
-        ok[name] = v
     return ok, raw, held
 
 
@@ -170,11 +178,12 @@ def serve_values(face: ModbusFace, regmap: RegisterMap, values: Mapping[str, flo
                  unit: int | None = None) -> list[str]:
     """Put plant readings into ``face``'s registers as the simulator serves them
     (`encode_readings`: sentinels raw, unrepresentable values held). Returns the held names."""
-    ok, raw, held = encode_readings(regmap, values, sentinel_points)
-    face.update(ok, unit=unit)
-    for name, regs in raw.items():
-        p = regmap.by_name[name]
-        face.set_registers(p.table, p.address, regs, unit=unit)
+    ok, raw, held = _encode_readings(regmap, values, sentinel_points)
+    by_name = regmap.by_name
+    for regs_of in (ok, raw):
+        for name, regs in regs_of.items():
+            p = by_name[name]
+            face.set_registers(p.table, p.address, regs, unit=unit)
     return held
 
 
