@@ -165,8 +165,8 @@ class Racky:
         # The telemetry path's alarms (issue 7) are the daemon's, not the pure core's: fed
         # from the writer's stats in the tick.
         self.core.bank.add_kinds(kind_of_def(d) for d in TELEMETRY_ALARMS)
-        self.tick = RackyTick(cfg, self.core, self._started)
-        self.latest: dict[str, dict[str, Sample]] = self.tick.latest
+        self.rack_tick = RackyTick(cfg, self.core, self._started)
+        self.latest: dict[str, dict[str, Sample]] = self.rack_tick.latest
         self.devices: dict[str, ModbusDevice] = {}
         for s in cfg.power_shelves:
             self._add_device(s)
@@ -179,7 +179,7 @@ class Racky:
         self._device_started: dict[str, float] = {}
         self._tg: asyncio.TaskGroup | None = None
         a = cfg.node_agents
-        self.ingest = self.tick.ingest
+        self.ingest = self.rack_tick.ingest
         self.mqtt = MqttLink(cfg.mqtt, ident, DAEMON, clock=clock)
         root = f"{cfg.mqtt.topic_root}/{ident.site}/{ident.rack}"
         self.agent_base = f"{root}/{a.daemon}"
@@ -210,8 +210,8 @@ class Racky:
         self.commands.attach()
         self.tick_stats = TickStats()
         self.selfmetrics = SelfMetrics(DAEMON, cfg.metrics, clock=clock)
-        self._pending = self.tick.pending
-        self.agent_stats = self.tick.agent_stats
+        self._pending = self.rack_tick.pending
+        self.agent_stats = self.rack_tick.agent_stats
         self._send_failing = False
         self._bg: set[asyncio.Task[Any]] = set()
         self.first_step_done = asyncio.Event()
@@ -231,16 +231,16 @@ class Racky:
 
     def _on_message(self, msg: Message) -> None:
         """Any of racky's input subscriptions: into the tick (`RackyTick.message`)."""
-        self.tick.message(msg.topic, msg.payload, retain=msg.retain,
+        self.rack_tick.message(msg.topic, msg.payload, retain=msg.retain,
                           received_mono=msg.received_mono or self.clock.monotonic(),
                           wall_ns=self.clock.wall_ns())  # wall-clock: age of a retained value
-        self._log_records(self.tick.take_logs())
+        self._log_records(self.rack_tick.take_logs())
 
     _on_agent_telemetry = _on_agent_reply = _on_cooling = _on_plant = _on_message
 
     def cooling_reading(self) -> CoolingReading | None:
         """The cooling reading the next tick uses (`RackyTick.cooling_reading`)."""
-        return self.tick.cooling_reading()
+        return self.rack_tick.cooling_reading()
 
     def _log_records(self, records: list[LogRecord]) -> None:
         for r in records:
@@ -271,7 +271,7 @@ class Racky:
 
     def _send_agent_commands(self, cmds: list[AgentCommand]) -> None:
         """Queue ``set_power_limits`` for each command (never raises)."""
-        self._apply(self.tick.command_effects(cmds, self.clock.monotonic(),
+        self._apply(self.rack_tick.command_effects(cmds, self.clock.monotonic(),
                                               self.clock.wall_ns()))
 
     async def _publish(self, topic: str, payload: dict[str, Any]) -> None:
@@ -291,7 +291,7 @@ class Racky:
 
     def _tick(self, now: float) -> None:
         wall = self.clock.wall_ns()
-        eff = self.tick.step(now, wall, telemetry_alarm_conditions(self.writer.stats))
+        eff = self.rack_tick.step(now, wall, telemetry_alarm_conditions(self.writer.stats))
         self.leases.tick(now, {})  # racky's safety acts through SAFETY_VERBS, not leases
         self._apply(eff)
         self.selfmetrics.tick(now, tick_stats=self.tick_stats, writer=self.writer,
@@ -337,13 +337,13 @@ class Racky:
 
     def _alarms(self, events: list[AlarmEvent]) -> None:
         if events:
-            self._apply(self.tick.alarm_effects(events, self.clock.wall_ns()))
+            self._apply(self.rack_tick.alarm_effects(events, self.clock.wall_ns()))
 
     def _audit_command(self, audit: CommandAudit) -> None:
         self.writer.write("command", audit.tags(), audit.fields(), audit.wall_ns)
 
     def _publish_state(self, wall: int) -> None:
-        self._apply(self.tick.state_effects(wall))
+        self._apply(self.rack_tick.state_effects(wall))
 
     def health(self) -> dict[str, Any]:
         """Self-metrics for the retained ``state/health`` topic (``agents.payload_errors``:

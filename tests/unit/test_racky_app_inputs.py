@@ -85,7 +85,7 @@ def test_garbage_cooling_payloads_are_refused_and_the_reading_ages(racky: Racky)
         racky._on_cooling(Message(racky.cooling_topic, raw, received_mono=20.0))
     c = racky.cooling_reading()
     assert c is not None and c.t_mono == 10.0 and c.supply_temp_c == 45.0
-    assert racky.tick.payload_problems.get("cooling_state")
+    assert racky.rack_tick.payload_problems.get("cooling_state")
 
 
 def test_retained_and_duplicated_tray_telemetry_does_not_refresh_the_tray(racky: Racky) -> None:
@@ -113,7 +113,7 @@ def test_a_tray_message_on_another_trays_topic_is_refused(racky: Racky) -> None:
         racky._on_agent_telemetry(_msg(f"{racky.agent_base}/telemetry/{thing}", p,
                                        retain=False, t=50.0))
     assert racky.ingest.trays == {} and racky.ingest.errors == 2  # both counted
-    assert set(racky.tick.payload_problems) == {"tray07", "trayX"}
+    assert set(racky.rack_tick.payload_problems) == {"tray07", "trayX"}
 
 
 def test_an_agent_reply_with_ok_as_a_string_is_not_success(racky: Racky) -> None:
@@ -164,10 +164,10 @@ def test_an_oversized_payload_is_refused_before_parsing(racky: Racky) -> None:
     big = b'{"tray": 0, "pad": "' + b"x" * MAX_INPUT_PAYLOAD_BYTES + b'"}'
     racky._on_agent_telemetry(Message(f"{racky.agent_base}/telemetry/tray00", big,
                                       received_mono=5.0))
-    assert racky.ingest.trays == {} and "more than" in racky.tick.payload_problems["tray00"]
+    assert racky.ingest.trays == {} and "more than" in racky.rack_tick.payload_problems["tray00"]
     racky._on_cooling(Message(racky.cooling_topic, big, received_mono=5.0))
     assert racky.cooling_reading() is None
-    assert "more than" in racky.tick.payload_problems["cooling_state"]
+    assert "more than" in racky.rack_tick.payload_problems["cooling_state"]
 
 
 def test_h8_every_refused_tray_message_is_counted_and_logged_once_per_change(
