@@ -49,8 +49,6 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from rackplane.config import StrictModel
-from rackplane.core.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
 from rackplane.commands import (
     CommandArgs,
     CommandContext,
@@ -58,6 +56,8 @@ from rackplane.commands import (
     DaemonContract,
     NoArgs,
 )
+from rackplane.config import StrictModel
+from rackplane.core.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
 from rackplane.log import get_logger
 from rackplane.settings import Role
 from racky.core.controller import RackyCore
