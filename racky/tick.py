@@ -225,16 +225,17 @@ class RackyTick:
         are ignored). ``received_mono``: when it arrived (monotonic s); ``wall_ns``: the wall
         clock then (the age of a retained cooling value). Never raises: a bad message is
         counted / logged (`take_logs`)."""
-        if topic.startswith(self._telemetry_prefix):
-            self.agent_telemetry(topic, payload, retain=retain, received_mono=received_mono)
-        elif topic.startswith(self._reply_prefix) and topic.endswith("/result"):
-            self.agent_reply(payload)
-        elif topic == self.topics.cooling:
+        if topic == self.topics.cooling:
             self.cooling_state(topic, payload, retain=retain, received_mono=received_mono,
                                wall_ns=wall_ns)
         elif self.topics.plant is not None and topic == self.topics.plant:
+            # before the agents' telemetry: the simulator's plant topic may share its level
             self.plant_telemetry(topic, payload, retain=retain, received_mono=received_mono,
                                  wall_ns=wall_ns)
+        elif topic.startswith(self._telemetry_prefix):
+            self.agent_telemetry(topic, payload, retain=retain, received_mono=received_mono)
+        elif topic.startswith(self._reply_prefix) and topic.endswith("/result"):
+            self.agent_reply(payload)
 
     def agent_telemetry(self, topic: str, payload: bytes, *, retain: bool,
                         received_mono: float) -> None:

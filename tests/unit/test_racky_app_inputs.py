@@ -195,3 +195,24 @@ def test_h8_every_refused_tray_message_is_counted_and_logged_once_per_change(
     assert racky.ingest.trays == {}
     refused = [e for e in logs if e["event"] == "agent_telemetry_refused"]
     assert len(refused) == 6  # one per change of reason (trayXX has its own)
+
+
+def test_the_simulators_plant_topic_beside_the_agents_telemetry_is_the_plant(
+        tmp_path: Path) -> None:
+    """The plant topic may sit on the agents' own level (``<...>/sim/telemetry/plant``, the
+    simulator's): it is read as the plant, never as a tray message."""
+    cfg = RackyConfig.model_validate({
+        "lifecycle": {"state_file": str(tmp_path / "racky-state.json")},
+        "spool": {"directory": str(tmp_path / "spool")},
+    })
+    plant = f"{cfg.mqtt.topic_root}/{cfg.identity.site}/{cfg.identity.rack}/" \
+            f"{cfg.node_agents.daemon}/telemetry/plant"
+    cfg = cfg.model_copy(update={"cooling": cfg.cooling.model_copy(
+        update={"plant_topic": plant})})
+    r = Racky(cfg, clock=FakeClock(start_mono=1000.0, start_wall_ns=WALL0))
+    r._on_plant(_msg(plant, {"flow_lpm": 850.0, "facility_supply_temp_c": 41.0},
+                     retain=False, t=999.0))
+    r._on_cooling(_msg(r.cooling_topic, {"supply_temp_c": 45.1}, retain=False, t=1000.0))
+    c = r.cooling_reading()
+    assert c is not None and c.flow_lpm == 850.0 and c.facility_supply_temp_c == 41.0
+    assert r.ingest.errors == 0 and not r.rack_tick.payload_problems
