@@ -1,16 +1,15 @@
-"""Lock-step runs of racky's core with the whole virtual rack: no sockets, plant time as the clock.
+"""Lock-step runs of racky's tick with the whole virtual rack: no sockets, plant time as the clock.
 
 This is where racky and the simulators meet (DESIGN §2: the daemons never import ``sims``).
-Each 1 Hz tick: the power shelves' register values become `Sample` s (rounded to their register
-resolution, as racky's Modbus adapter would deliver them), the node agents' state and the link
-fabric become `racky.core.telemetry.TrayReading` s and the rack's
-`racky.core.telemetry.LinkFrame` (the columns of the ``telemetry/trayNN`` messages, built
-from the simulator's arrays instead of JSON; ``via_payloads=True`` goes through the JSON payloads
-and racky's parser instead), the
-CDU's readings become the cooling state valvey would publish; `racky.core.controller.RackyCore.step`
-decides; its ``set_power_limits`` commands are applied to the node agents exactly as the
-simulator's command handler applies them; the plant advances to the next tick in
-``plant_dt_s`` steps (0.1 s: the §4 plant's step; 1 s is allowed for long link-only runs).
+Each 1 Hz tick runs the daemon's own `racky.tick.RackyTick` (the daemon's inputs, core step
+and effects): the power shelves' readings are served into register words as the shelf face
+serves them and decoded by the register-map decoder racky's Modbus adapter uses; the node
+agents' ``telemetry/trayNN`` JSON payloads go through racky's message handling and ingest;
+the cooling input is valvey's ``state/supply_loop`` payload and the simulator's
+``telemetry/plant`` message; the tick's ``set_power_limits`` publishes go through the command
+envelope to the simulator's node-agent handler and its replies come back as messages
+(`_RackyIO`). The plant advances to the next tick in ``plant_dt_s`` steps (0.1 s: the §4
+plant's step; 1 s is allowed for long link-only runs).
 
 Usage::
 
@@ -26,26 +25,40 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import ValidationError
 
 from harness.figures import Figure, Progress, no_progress
-from rackplane.core.registers import load_register_map
-from rackplane.core.samples import Sample, good
+from rackplane.commands import CommandEnvelope
+from rackplane.core.registers import (
+    BlockDecoder,
+    ReadBlock,
+    ReadMemory,
+    RegisterMap,
+    learn_from_exception,
+    load_register_map,
+    plan_reads,
+)
+from rackplane.core.samples import Sample
+from rackplane.errors import CommandError
+from rackplane.io.mqtt import Topics, encode_json
+from rackplane.settings import ModbusTargetSettings
 from racky.config import RackyConfig
-from racky.core.controller import RackyCore, RackyInputs
+from racky.core.controller import RackyCore
 from racky.core.lifecycle import Lifecycle, PersistedState
-from racky.core.power import AgentCommand
-from racky.core.telemetry import AgentReading, LinkFrame, TelemetryIngest, TrayReading
-from racky.core.thermal import CoolingReading
 from racky.core.validation import ValidationResult, combine
 from racky.report import write_report
+from racky.tick import AgentPublish, RackyTick
+from sims.modbus_face import ModbusFace
+from sims.runtime import apply_set_power_limits, plant_payload, serve_values
 from sims.scenario import (
     FABRIC_KINDS,
     FabricSpec,
@@ -56,6 +69,7 @@ from sims.scenario import (
     ScenarioRun,
     load_scenario,
 )
+from sims.telemetry import SetPowerLimitsArgs, tray_payloads
 
 __all__ = ["AlarmRecord", "RackyLockstepResult", "racky_scenario_figures", "run_racky",
            "run_validation"]
@@ -104,151 +118,150 @@ class RackyLockstepResult:
         return None
 
 
-# --- building racky's inputs from the simulator ---------------------------------------------------
+# --- racky's inputs from the simulator, its effects back ------------------------------------------
 
 
-class _Feeder:
-    """Turns the virtual rack's state into racky's inputs each tick."""
+class _ShelfFace:
+    """One power shelf as racky's Modbus adapter sees it: the simulator's readings put into a
+    register image exactly as the shelf face serves them (`sims.runtime.serve_values` into a
+    `sims.modbus_face.ModbusFace`, not started), read back in the daemon's read plan
+    (`rackplane.core.registers.plan_reads` with the target's request size and gap; an
+    unimplemented address is learned from as the adapter learns from exception 2) and decoded
+    by `rackplane.core.registers.BlockDecoder`, the adapter's decoder."""
 
-    def __init__(self, run: ScenarioRun, cfg: RackyConfig, via_payloads: bool) -> None:
+    def __init__(self, target: ModbusTargetSettings, regmap: RegisterMap) -> None:
+        self.target = target
+        self.regmap = regmap
+        self.face = ModbusFace(self.regmap, unit_ids=(target.unit_id,))
+        self.order = {p.name: i for i, p in enumerate(self.regmap.points)}
+        memory = ReadMemory()
+        while True:  # the adapter's first polls: exception 2 on a gap -> re-plan
+            blocks = plan_reads(self.regmap.points, target.max_registers_per_read,
+                                target.max_gap_registers, memory)
+            bad = next((b for b in blocks if not self._implemented(b)), None)
+            if bad is None:
+                break
+            memory = learn_from_exception(bad, 2, memory, target.max_registers_per_read).memory
+        self.decoders = [BlockDecoder(b) for b in blocks]
+        self._served: dict[str, float] = {}
+        self._sentinels: frozenset[str] = frozenset()
+
+    def _implemented(self, b: ReadBlock) -> bool:
+        try:
+            self.face.registers(b.table, b.start, b.count, unit=self.target.unit_id)
+        except KeyError:
+            return False
+        return True
+
+    def poll(self, values: Mapping[str, float], sentinels: frozenset[str] | set[str],
+             wall_ns: int, now: float) -> list[Sample]:
+        """Serve ``values`` and read every point back (map order)."""
+        unit = self.target.unit_id
+        sent = frozenset(sentinels)
+        if sent != self._sentinels:  # the scenario changed its sentinel points: all again
+            self._sentinels, self._served = sent, {}
+        served = self._served
+        changed = {k: v for k, v in values.items()
+                   if k not in served or not _same(served[k], v)}
+        if changed:  # an unchanged value has the same registers already
+            serve_values(self.face, self.regmap, changed, sent, unit)
+            served.update(changed)
+        out: list[Sample] = []
+        for d in self.decoders:
+            b = d.block
+            out += d.decode_words(self.face.registers(b.table, b.start, b.count, unit=unit),
+                                  wall_ns, now).samples
+        out.sort(key=lambda x: self.order[x.point])
+        return out
+
+
+class _RackyIO:
+    """What racky's adapters hand its tick, made from the virtual rack each tick, and the tick's
+    effects applied back (the daemon's code in between is `racky.tick.RackyTick`'s):
+
+    * power shelves: `_ShelfFace` (register words and the adapter's decoder);
+    * node agents: `sims.telemetry.tray_payloads` encoded as the MQTT adapter encodes them,
+      given to the tick as ``<agents>/telemetry/trayNN`` messages (racky's ingest parses them);
+    * cooling: valvey's ``state/<state_thing>`` (the CDU's supply temperature and valve as
+      valvey reads them, the scenario's setpoint) and the simulator's ``telemetry/plant``
+      (`sims.runtime.plant_payload`: flow, facility water) on ``cooling.plant_topic``;
+    * agent commands: each ``set_power_limits`` publish goes through the command envelope
+      and args models to the simulator's handler (`sims.runtime.apply_set_power_limits`); its
+      reply goes back to the tick on ``.../result``.
+
+    A publisher the scenario stops (``mqtt_stopped``) sends nothing while stopped.
+    """
+
+    def __init__(self, run: ScenarioRun, cfg: RackyConfig, tick: RackyTick) -> None:
         rack = run.rack
         assert rack is not None
         self.run = run
         self.rack = rack
-        self.cfg = cfg
-        self.via_payloads = via_payloads
-        self.regmap = load_register_map("power-shelf")
-        pts = cfg.shelf_points
-        used = {pts.output_power, pts.input_power, pts.available, pts.status,
-                pts.rack_capacity, pts.rack_redundant_feeds, pts.rack_spare_psus, pts.psus_ok}
-        for k in range(1, pts.psus_per_shelf + 1):
-            used |= {pts.psu_temp.format(n=k), pts.psu_status.format(n=k)}
-        self.points = [p for p in self.regmap.points if p.name in used]
-        self._pts = [(p.name, p.unit, p.scale or 1.0) for p in self.points]
-        self.counter_names = tuple(cfg.links.counters)
-        self.ingest = TelemetryIngest(cfg.node_agents.trays, cfg.node_agents.gpus_per_tray,
-                                      self.counter_names)
-        fab = rack.fabric
-        self.frame: LinkFrame | None = None
-        if fab is not None and not via_payloads:
-            names = fab.port_names()
-            ppg = len(names) // rack.compute.n_gpus
-            f = LinkFrame.empty(self.counter_names, rack.compute.n_gpus, ppg)
-            f.names = names
-            f.is_nvlink = np.asarray(fab.is_nvlink, dtype=bool).copy()
-            self.frame = f
-        self.port_gpu = None if fab is None else np.asarray(fab.port_gpu)
+        self.tick = tick
+        self.ident = cfg.identity
+        n = rack.shelves.params.shelves
+        targets = list(cfg.power_shelves[:n]) or [
+            ModbusTargetSettings(name=f"shelf{i}", unit_id=i + 1,
+                                 register_map=Path("power-shelf"))
+            for i in range(n)]
+        maps: dict[Path, RegisterMap] = {}
+        for t in targets:
+            if t.register_map not in maps:
+                maps[t.register_map] = load_register_map(t.register_map)
+        self.shelves = [_ShelfFace(t, maps[t.register_map]) for t in targets]
+        root = cfg.mqtt.topic_root
+        self.agents = Topics(root, cfg.identity, cfg.node_agents.daemon)
+        self.cooling_topic = Topics(root, cfg.identity, cfg.cooling.daemon).state(
+            cfg.cooling.state_thing)
+        self.plant_topic = cfg.cooling.plant_topic
+        self.setpoint_c = run.scenario.plant.supply_setpoint_c
 
-    def shelves(self, now: float, wall_ns: int) -> dict[str, dict[str, Sample]]:
+    def feed(self, now: float, wall_ns: int) -> None:
+        """Everything the daemon would have received since the last tick (one poll, one
+        message per publisher)."""
+        run, tick, pr = self.run, self.tick, self.run.protocol
         sh = self.rack.shelves
-        out: dict[str, dict[str, Sample]] = {}
-        for i in range(sh.params.shelves):
-            vals = sh.shelf_readings(i)
-            s: dict[str, Sample] = {}
-            for name, unit, scale in self._pts:
-                v = vals.get(name)
-                if v is None:
-                    continue
-                if math.isfinite(v):
-                    s[name] = Sample(name, round(v / scale) * scale, unit, wall_ns, now)
-                else:
-                    s[name] = good(name, v, unit, wall_ns, now)
-            out[f"shelf{i}"] = s
-        return out
+        for i, face in enumerate(self.shelves):
+            tick.shelf_samples(face.target.name,
+                               face.poll(sh.shelf_readings(i), pr.sentinel_points, wall_ns, now))
+        if pr.publishing("trays"):
+            for thing, payload in tray_payloads(self.rack, self.ident, wall_ns):
+                tick.message(self.agents.telemetry(thing), encode_json(payload), retain=False,
+                             received_mono=now, wall_ns=wall_ns)
+        r = run.plant.readings()
+        tick.message(self.cooling_topic, encode_json({
+            "supply_temp_c": _finite(r.get("supply_temp_c")), "setpoint_c": self.setpoint_c,
+            "valve_command_pct": _finite(r.get("valve_command_pct")),
+            "valve_position_pct": _finite(r.get("valve_position_pct")), "ts_ns": wall_ns,
+        }), retain=False, received_mono=now, wall_ns=wall_ns)
+        if self.plant_topic is not None and pr.publishing("plant"):
+            tick.message(self.plant_topic, encode_json(plant_payload(run, wall_ns)),
+                         retain=False, received_mono=now, wall_ns=wall_ns)
 
-    def trays(self, now: float, wall_ns: int) -> tuple[dict[int, TrayReading], LinkFrame | None]:
-        rack = self.rack
-        if self.via_payloads:
-            from rackplane.settings import Identity
-            from sims.telemetry import tray_payloads
-
-            for _, payload in tray_payloads(rack, Identity(), wall_ns):
-                self.ingest.tray_payload(payload, now)
-            self.ingest.update_gpu_columns()
-            return dict(self.ingest.trays), self.ingest.frame
-        tr = rack.truth()
-        ag = rack.agents
-        comp = rack.compute
-        gpt = comp.gpus_per_tray
-        snap = rack.fabric.snapshot() if rack.fabric is not None else None
-        up = snap["uptime_s"] if snap is not None else np.full(comp.n_gpus, np.nan)
-        boot = snap["boot_id"] if snap is not None else np.zeros(comp.n_gpus, dtype=np.uint64)
-        out: dict[int, TrayReading] = {}
-        req = ag.request_w
-        dem = tr.gpu_demand_w
-        for k in range(comp.n_trays):
-            s = ag.settings(k)
-            cap = ag.enforced_gpu_cap_w(s)
-            g = slice(k * gpt, (k + 1) * gpt)
-            floor = min(cap, s.power_floor_pct / 100.0 * ag.tgp_w)
-            agent = AgentReading(
-                enforced_gpu_cap_w=cap, enforced_tray_cap_w=cap * gpt * (1.0 + ag.other_share),
-                floor_w=floor, power_cap_w=s.power_cap_w, gpu_power_cap_w=s.gpu_power_cap_w,
-                power_floor_pct=s.power_floor_pct, ramp_up_w_per_s=s.ramp_up_w_per_s,
-                ramp_down_w_per_s=s.ramp_down_w_per_s,
-                ramp_down_hysteresis_s=s.ramp_down_hysteresis_s,
-                capping=bool(s.powered and (dem[g] > cap + 1e-9).any()),
-                flooring=bool(s.powered and (dem[g] < floor - 1e-9).any()),
-                ramp_limited=False,
-            )
-            out[k] = TrayReading(
-                tray=k, t_mono=now, powered=bool(tr.tray_powered[k]),
-                power_w=float(tr.tray_power_w[k]),
-                coolant_out_temp_c=float(tr.tray_coolant_out_c[k]),
-                leak=bool(tr.leaks.tray_leak[k]),
-                leak_sensor_fault=bool(tr.leaks.tray_sensor_fault[k]), agent=agent,
-                gpu_index=np.arange(k * gpt, (k + 1) * gpt), gpu_power_w=tr.gpu_power_w[g],
-                gpu_demand_w=dem[g], gpu_temp_c=tr.gpu_tj_c[g], gpu_t_limit_c=tr.gpu_t_limit_c[g],
-                gpu_throttled=tr.gpu_throttled[g], gpu_shut_down=~tr.gpu_on[g],
-                gpu_traffic=tr.gpu_traffic[g], gpu_uptime_s=up[g], gpu_boot_id=boot[g],
-            )
-        del req
-        f = self.frame
-        if f is not None and snap is not None and self.port_gpu is not None:
-            pg = self.port_gpu
-            f.t_mono[:] = now
-            f.link_up = snap["link_up"]
-            f.speed_mb_per_s = snap["link_speed_mb_per_s"]
-            f.tx_bytes_per_s = snap["tx_bytes_per_s"]
-            f.rx_bytes_per_s = snap["rx_bytes_per_s"]
-            f.ber = snap["ber"]
-            for r, name in enumerate(self.counter_names):
-                if name in snap:
-                    f.counters[r] = snap[name]
-                    f.counter_seen[r] = True
-            f.uptime_s = up[pg]
-            f.boot_id = boot[pg]
-            f.gpu_traffic = tr.gpu_traffic.copy()
-            f.gpu_power_w = tr.gpu_power_w.copy()
-            f.version += 1
-        return out, f
-
-    def cooling(self, now: float) -> CoolingReading:
-        r = self.run.plant.readings()
-        return CoolingReading(
-            t_mono=now, supply_temp_c=r.get("supply_temp_c"),
-            setpoint_c=self.run.scenario.plant.supply_setpoint_c,
-            flow_lpm=r.get("flow_lpm"), facility_supply_temp_c=r.get("facility_supply_temp_c"),
-            valve_position_pct=r.get("valve_position_pct"),
-        )
-
-    def apply(self, cmd: AgentCommand) -> str | None:
-        """Apply a ``set_power_limits`` as the simulator's handler does; the refusal, if any."""
-        ag = self.rack.agents
-        changes = dict(cmd.args)
-        for key, off in (("power_floor_pct", 0.0), ("ramp_down_hysteresis_s", 0.0),
-                         ("powered", True)):
-            if key in changes and changes[key] is None:
-                changes[key] = off
+    def command(self, c: AgentPublish, now: float, wall_ns: int) -> str | None:
+        """Deliver one ``set_power_limits`` to the node agents and its reply to the tick; the
+        refusal (``code: message``), if any."""
+        env = CommandEnvelope.model_validate(json.loads(encode_json(c.payload)))
+        error: dict[str, str] | None = None
         try:
-            new = {t: replace(ag.settings(t), **changes) for t in cmd.trays}
-            for s in new.values():
-                ag.validate(s)
-        except (ValueError, TypeError) as err:
-            return str(err)
-        for t, s in new.items():
-            ag.configure(t, s)
-        return None
+            apply_set_power_limits(self.rack, SetPowerLimitsArgs.model_validate(env.args))
+        except ValidationError as err:
+            error = {"code": "invalid_args", "message": str(err)[:300]}
+        except CommandError as err:
+            error = {"code": str(err.code), "message": str(err)}
+        reply = {"request_id": env.request_id, "ok": error is None, "error": error,
+                 "state": None}
+        self.tick.message(f"{c.topic}/result", encode_json(reply), retain=False,
+                          received_mono=now, wall_ns=wall_ns)
+        return None if error is None else f"{error['code']}: {error['message']}"
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def _finite(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)
 
 
 def default_config(**power: Any) -> RackyConfig:
@@ -259,47 +272,60 @@ def default_config(**power: Any) -> RackyConfig:
     return cfg
 
 
+def lockstep_config(cfg: RackyConfig) -> RackyConfig:
+    """``cfg`` with ``cooling.plant_topic`` set to the simulator's ``telemetry/plant`` when it
+    is unset (as the demo wires racky: valvey's state carries no flow or facility water)."""
+    if cfg.cooling.plant_topic is not None:
+        return cfg
+    topic = Topics(cfg.mqtt.topic_root, cfg.identity, "sim").telemetry("plant")
+    return cfg.model_copy(update={"cooling": cfg.cooling.model_copy(
+        update={"plant_topic": topic})})
+
+
 def run_racky(
     scenario: Scenario | str,
     cfg: RackyConfig | None = None,
     *,
     plant_dt_s: float = 0.1,
     duration_s: float | None = None,
-    via_payloads: bool = False,
     fine_trace: bool = False,
     persisted: PersistedState | None = None,
     hook: Callable[[float, ScenarioRun, RackyCore], None] | None = None,
     progress: Callable[[float], None] | None = None,
+    tick_factory: Callable[[RackyConfig, RackyCore], RackyTick] | None = None,
 ) -> RackyLockstepResult:
     """Run ``scenario`` (the whole virtual rack, fabric on when the scenario has link faults or
-    asks for it) with racky's core at its tick (1 Hz by default).
+    asks for it) with racky's tick (`racky.tick.RackyTick`, the daemon's) at 1 Hz by default.
 
     Args:
-        cfg: racky's config (default: embedded defaults).
+        cfg: racky's config (default: embedded defaults; `lockstep_config` is applied).
         plant_dt_s: plant step, s (a divisor of the tick; <= 1).
         duration_s: stop here (default: the scenario's duration).
-        via_payloads: feed trays through the JSON payloads and racky's parser.
         fine_trace: also record rack power at every plant step (``fine``).
         persisted: racky's persisted state at start (default: a new rack in the config's
             ``lifecycle.initial_state``).
         hook: called before each tick with (plant s, the run, the core) to inject actions.
+        tick_factory: builds the tick from (config, core) (default `RackyTick` started at 0;
+            tests substitute a faulty one to show the figures come from the tick).
 
     Raises:
         ValueError: a plant step that does not divide the tick.
     """
     sc = load_scenario(scenario) if isinstance(scenario, str) else scenario
-    cfg = cfg or RackyConfig()
-    tick = cfg.control.tick_s
-    n_sub = round(tick / plant_dt_s)
-    if n_sub < 1 or abs(n_sub * plant_dt_s - tick) > 1e-9:
-        raise ValueError(f"plant_dt_s {plant_dt_s} must divide the tick {tick}")
+    cfg = lockstep_config(cfg or RackyConfig())
+    tick_s = cfg.control.tick_s
+    n_sub = round(tick_s / plant_dt_s)
+    if n_sub < 1 or abs(n_sub * plant_dt_s - tick_s) > 1e-9:
+        raise ValueError(f"plant_dt_s {plant_dt_s} must divide the tick {tick_s}")
     if not cfg.links.enabled and not any(f.kind in FABRIC_KINDS for f in sc.faults):
         sc = sc.model_copy(update={"fabric": FabricSpec(enabled="off")})  # nothing reads it
     run = ScenarioRun(sc, model="rack")
     ps = persisted or PersistedState(Lifecycle(cfg.lifecycle.initial_state, WALL0_NS, "new",
                                                "lockstep"))
     core = RackyCore(cfg, 0.0, ps)
-    feed = _Feeder(run, cfg, via_payloads)
+    tick = (tick_factory or (lambda c, k: RackyTick(c, k, 0.0, agent_epoch=WALL0_NS // 10**6)))(
+        cfg, core)
+    io = _RackyIO(run, cfg, tick)
     end = sc.duration_s if duration_s is None else duration_s
     keys = ("t_s", "rack_power_w", "rack_input_w", "it_power_w", "limit_w", "limit_source",
             "caps_total_w", "capacity_w", "hottest_tj_c", "min_t_limit_c", "throttled",
@@ -318,20 +344,22 @@ def run_racky(
         if hook is not None:
             hook(now, run, core)
         wall = WALL0_NS + round(now * 1e9)
-        trays, frame = feed.trays(now, wall)
-        inp = RackyInputs(feed.shelves(now, wall), trays, frame, feed.cooling(now))
-        out = core.step(now, inp, wall)
-        for c in out.commands:
-            err = feed.apply(c)
-            core.agent_reply(c.trays, err is None, err)
-            commands.append((now, c.trays, c.args, c.reason))
+        io.feed(now, wall)
+        eff = tick.step(now, wall)
+        out = eff.output
+        assert out is not None
+        for c in eff.agent_commands:
+            err = io.command(c, now, wall)
+            args = {k: v for k, v in c.payload["args"].items() if k != "trays"}
+            commands.append((now, c.trays, args, c.reason))
             if err is not None:
                 refused.append((now, c.trays, err))
-        for ev in out.alarm_events:
+        for ev in eff.alarm_events:
             alarms.append(AlarmRecord(now, ev.id, ev.kind, ev.severity, ev.message))
         tr = rack.truth()
         st = rack.shelves.state
         caps = out.caps_w
+        cool = tick.cooling_reading()
         trace["t_s"].append(now)
         trace["rack_power_w"].append(out.rack_power_w)
         trace["rack_input_w"].append(st.input_w)
@@ -343,10 +371,9 @@ def run_racky(
         trace["hottest_tj_c"].append(float(tr.gpu_tj_c.max()))
         trace["min_t_limit_c"].append(float(tr.gpu_t_limit_c.min()))
         trace["throttled"].append(int(tr.gpu_throttled.sum()))
-        cool = inp.cooling
         trace["supply_temp_c"].append(None if cool is None else cool.supply_temp_c)
         trace["facility_supply_temp_c"].append(run.facility_supply_temp_c)
-        trace["derate_w"].append(core.derate.cap_w)
+        trace["derate_w"].append(out.derate_w)
         trace["trays_powered"].append(int(tr.tray_powered.sum()))
         if progress is not None:
             progress(now)

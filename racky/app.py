@@ -25,15 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import math
 import os
 from collections.abc import Coroutine, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Unpack
-
-import numpy as np
 
 from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.core.alarms import AlarmEvent
@@ -54,24 +49,18 @@ from rackplane.topics import PeerTopics
 from racky.commands import register_racky_commands
 from racky.config import RackyConfig, ShelfPoints, state_path
 from racky.core.alarmbank import kind_of_def
-from racky.core.controller import CoreOutput, RackyCore, RackyInputs
+from racky.core.controller import RackyCore
 from racky.core.discovery import DiscoveryPlan
 from racky.core.power import AgentCommand
-from racky.core.telemetry import PayloadError, StaleMessage, TelemetryIngest, decode_payload
 from racky.core.thermal import CoolingReading
 from racky.core.validation import ValidationResult
 from racky.persist import StateStore
 from racky.report import write_report
+from racky.tick import LogRecord, RackyTick, TickEffects
 
 DAEMON = "racky"
 
-__all__ = ["DAEMON", "MAX_INPUT_PAYLOAD_BYTES", "Racky", "load_racky_config", "shelf_target"]
-_SEVERITY_CODE = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}
-_EVENT_KINDS = ["raised", "cleared", "acked", "shelved", "unshelved", "returned"]
-MAX_INPUT_PAYLOAD_BYTES = 1 << 20
-"""Largest node-agent / cooling payload racky parses (bytes): a tray message of an NVL72
-tray is ~13 kB; a larger one is refused before it is decoded (parsing tens of MB would stall
-the tick)."""
+__all__ = ["DAEMON", "Racky", "load_racky_config", "shelf_target"]
 
 
 def _check_shelf_points(key: str, regmap: RegisterMap, pts: ShelfPoints) -> list[str]:
@@ -168,12 +157,16 @@ class Racky(DaemonFrame[RackyConfig]):
         for note in persisted.notes:
             self.log.error("state_file_unusable", note=note,
                            lifecycle=persisted.lifecycle.state)
-        self.core = RackyCore(cfg, clock.monotonic(), persisted)
+        self._started = self.started_mono
+        self.core = RackyCore(cfg, self._started, persisted)
         # The telemetry path's alarms (issue 7) are the daemon's, not the pure core's: fed
         # from the writer's stats in the tick.
         self.core.bank.add_kinds(kind_of_def(d) for d in TELEMETRY_ALARMS)
-        self._saved_version = 0
-        self.latest: dict[str, dict[str, Sample]] = {}
+        # node-agent contract v1: racky's epoch is its start (ms since the Unix epoch): agents
+        # drop commands of an older racky
+        self.rack_tick = RackyTick(cfg, self.core, self._started,
+                                   agent_epoch=clock.wall_ns() // 1_000_000)
+        self.latest: dict[str, dict[str, Sample]] = self.rack_tick.latest
         self.devices: dict[str, ModbusDevice] = {}
         for s in cfg.power_shelves:
             self._add_device(s)
@@ -184,7 +177,7 @@ class Racky(DaemonFrame[RackyConfig]):
             self.plan = DiscoveryPlan(cfg.discovery, ex)
         self._device_started: dict[str, float] = {}
         a = cfg.node_agents
-        self.ingest = TelemetryIngest(a.trays, a.gpus_per_tray, tuple(cfg.links.counters))
+        self.ingest = self.rack_tick.ingest
         root = cfg.mqtt.topic_root
         self.agent_topics = PeerTopics.of(root, ident, a.daemon)
         self.agent_base = self.agent_topics.base
@@ -197,11 +190,6 @@ class Racky(DaemonFrame[RackyConfig]):
         self.mqtt.subscribe(self.cooling_topic, self._on_cooling, qos=1)
         if c.plant_topic:
             self.mqtt.subscribe(c.plant_topic, self._on_plant, qos=0)
-        self._cooling: dict[str, float | None] = {}
-        self._plant: dict[str, float | None] = {}
-        self._cooling_t: float | None = None
-        self._plant_t: float | None = None
-        self._payload_problem: dict[str, str] = {}
         # Leases (DESIGN §1, rackplane.core.leases): operator > automation, each with an expiry;
         # the safety verbs (power_down_*) never check them.
         outputs = {"rack_cap": "rack power cap requests", "rack_budget": "rack power budget",
@@ -212,18 +200,10 @@ class Racky(DaemonFrame[RackyConfig]):
             register=lambda router, leases: register_racky_commands(
                 router, self.core, send=self._send_agent_commands,
                 on_alarm_events=self._alarms, lease_check=leases.check))
-        self._request_n = 0
-        self._pending: dict[str, tuple[tuple[int, ...], float]] = {}
-        self.agent_stats = {"sent": 0, "ok": 0, "refused": 0, "lost": 0, "send_errors": 0}
+        self._pending = self.rack_tick.pending
+        self.agent_stats = self.rack_tick.agent_stats
         self._send_failing = False
         self._bg: set[asyncio.Task[Any]] = set()
-        self._next_state = 0.0
-        self._next_node = 0.0
-        self._next_link = 0.0
-        self._started = self.started_mono
-        # node-agent contract v1: racky's epoch (its start, ms since the Unix epoch): agents
-        # drop commands of an older racky
-        self.agent_epoch = self.clock.wall_ns() // 1_000_000
         self.reports: list[Path] = []
 
     @classmethod
@@ -243,164 +223,50 @@ class Racky(DaemonFrame[RackyConfig]):
         self.devices[s.name] = dev
         return dev
 
-    def _on_agent_telemetry(self, msg: Message) -> None:
-        thing = msg.topic.rsplit("/", 1)[-1]
-        if not thing.startswith(self.cfg.node_agents.tray_thing_prefix):
-            return
-        t = msg.received_mono or self.clock.monotonic()
-        suffix = thing[len(self.cfg.node_agents.tray_thing_prefix):]
-        ingested = False  # tray_payload counts its own refusals in ingest.errors
-        try:
-            if not (suffix.isascii() and suffix.isdigit()):
-                raise PayloadError(f"topic {thing!r}: not <prefix><tray index>")
-            if len(msg.payload) > MAX_INPUT_PAYLOAD_BYTES:
-                raise PayloadError(f"payload: more than {MAX_INPUT_PAYLOAD_BYTES} bytes")
-            payload = decode_payload(msg.payload)
-            ingested = True
-            self.ingest.tray_payload(payload, t, retained=msg.retain,
-                                     expected_tray=int(suffix))
-        except StaleMessage as err:
-            # counted (``stale_messages`` in the status); logged once per kind per tray
-            key = f"{thing}:stale:{err}"
-            if key not in self._payload_problem:
-                self._payload_problem[key] = str(err)
-                self.log.warning("agent_telemetry_not_newest", thing=thing, error=str(err),
-                                 note="refused, not taken as fresh; counted in stale_messages")
-            return
-        except (ValueError, RecursionError) as err:  # PayloadError is a ValueError
-            if not ingested or not isinstance(err, PayloadError):  # not counted yet: a bad
-                # topic, oversize, not JSON, not the contract
-                self.ingest.errors += 1  # every refused tray message counts (state/health)
-            why = str(err)[:200]
-            if self._payload_problem.get(thing) != why:
-                self._payload_problem[thing] = why
-                self.log.warning("agent_telemetry_refused", thing=thing, error=why,
-                                 note="the tray's last reading ages and goes stale")
-            return
-        if self._payload_problem.pop(thing, None) is not None:
-            self.log.info("agent_telemetry_recovered", thing=thing)
+    def _on_message(self, msg: Message) -> None:
+        """Any of racky's input subscriptions: into the tick (`RackyTick.message`)."""
+        self.rack_tick.message(msg.topic, msg.payload, retain=msg.retain,
+                          received_mono=msg.received_mono or self.clock.monotonic(),
+                          wall_ns=self.clock.wall_ns())  # wall-clock: age of a retained value
+        self._log_records(self.rack_tick.take_logs())
 
-    def _on_agent_reply(self, msg: Message) -> None:
-        try:
-            data = json.loads(msg.payload.decode("utf-8"))
-        except ValueError:
-            return
-        if not isinstance(data, dict):
-            return
-        rid = data.get("request_id")
-        entry = self._pending.pop(rid, None) if isinstance(rid, str) else None
-        if entry is None:
-            return
-        trays, _ = entry
-        ok = data.get("ok") is True  # bool("false") is True: only a JSON true is success
-        err = data.get("error") or {}
-        why = f"{err.get('code')}: {err.get('message')}" if isinstance(err, dict) else str(err)
-        self.core.agent_reply(trays, ok, None if ok else why)
-        self.agent_stats["ok" if ok else "refused"] += 1
-        if not ok:
-            self.log.warning("agent_refused", trays=list(trays), error=why[:300])
-
-    @staticmethod
-    def _num(d: Mapping[str, Any], *keys: str) -> float | None:
-        for k in keys:
-            v = d.get(k)
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-                return float(v)
-        return None
-
-    def _arrival(self, msg: Message, d: Mapping[str, Any]) -> float:
-        """When a cooling/plant message counts as read (monotonic s). A message from the
-        broker's retained store may be old (valvey stopped an hour ago): its age comes from the
-        payload's ``ts_ns``, else it counts as stale at once; a dead publisher's last value is
-        never taken as fresh (it would let the derate release on old facility water)."""
-        now = msg.received_mono or self.clock.monotonic()
-        if not msg.retain:
-            return now
-        age = self.cfg.power.derate.stale_after_s + self.cfg.cooling.stale_after_s + 1.0
-        ts = d.get("ts_ns")
-        if isinstance(ts, int) and not isinstance(ts, bool):
-            wall = self.clock.wall_ns()  # wall-clock: age of a retained value
-            age = max(0.0, (wall - ts) / 1e9)
-        return now - age
-
-    def _json_object(self, msg: Message, what: str) -> dict[str, Any] | None:
-        """The payload as a JSON object, or None (logged once per distinct problem)."""
-        try:
-            if len(msg.payload) > MAX_INPUT_PAYLOAD_BYTES:
-                raise ValueError(f"more than {MAX_INPUT_PAYLOAD_BYTES} bytes")
-            d = json.loads(msg.payload.decode("utf-8"))
-        except (ValueError, RecursionError) as err:
-            why = f"not JSON: {str(err)[:120]}"
-        else:
-            if isinstance(d, dict):
-                self._payload_problem.pop(what, None)
-                return d
-            why = "not a JSON object"
-        if self._payload_problem.get(what) != why:
-            self._payload_problem[what] = why
-            self.log.warning(f"{what}_refused", topic=msg.topic, error=why,
-                             note="the previous reading ages and goes stale")
-        return None
-
-    def _on_cooling(self, msg: Message) -> None:
-        d = self._json_object(msg, "cooling_state")
-        if d is None:
-            return
-        self._cooling = {
-            "supply_temp_c": self._num(d, "supply_temp_c"),
-            "setpoint_c": self._num(d, "setpoint_c"),
-            "flow_lpm": self._num(d, "flow_lpm"),
-            "facility_supply_temp_c": self._num(d, "facility_supply_temp_c"),
-            "valve_position_pct": self._num(d, "valve_position_pct", "valve_command_pct"),
-        }
-        self._cooling_t = self._arrival(msg, d)
-
-    def _on_plant(self, msg: Message) -> None:
-        d = self._json_object(msg, "plant_telemetry")
-        if d is not None:
-            self._plant = {"flow_lpm": self._num(d, "flow_lpm"),
-                           "facility_supply_temp_c": self._num(d, "facility_supply_temp_c")}
-            self._plant_t = self._arrival(msg, d)
+    _on_agent_telemetry = _on_agent_reply = _on_cooling = _on_plant = _on_message
 
     def cooling_reading(self) -> CoolingReading | None:
-        """valvey's state (and the plant topic's flow / facility water when valvey's lacks
-        them), stamped with when it arrived (the older of the two when both are used)."""
-        if self._cooling_t is None:
-            return None
-        c = dict(self._cooling)
-        t = self._cooling_t
-        for k in ("flow_lpm", "facility_supply_temp_c"):
-            if c.get(k) is None and self._plant.get(k) is not None and self._plant_t is not None:
-                c[k] = self._plant[k]
-                t = min(t, self._plant_t)  # the reading is as old as its oldest part
-        return CoolingReading(
-            t_mono=t, supply_temp_c=c.get("supply_temp_c"),
-            setpoint_c=c.get("setpoint_c"), flow_lpm=c.get("flow_lpm"),
-            facility_supply_temp_c=c.get("facility_supply_temp_c"),
-            valve_position_pct=c.get("valve_position_pct"),
-        )
+        """The cooling reading the next tick uses (`RackyTick.cooling_reading`)."""
+        return self.rack_tick.cooling_reading()
+
+    def _log_records(self, records: list[LogRecord]) -> None:
+        for r in records:
+            getattr(self.log, r.level)(r.event, **r.fields)
+
+    def _apply(self, eff: TickEffects) -> None:
+        """Apply a tick's effects: logs, agent commands (queued), alarms, states, lines."""
+        self._log_records(eff.logs)
+        for c in eff.agent_commands:
+            try:
+                task = asyncio.get_running_loop().create_task(
+                    self._publish(c.topic, c.payload))
+            except RuntimeError:  # no loop (tests driving the core directly)
+                continue
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+        for aid, payload in eff.alarms:
+            self.mqtt.publish_alarm(aid, payload)
+        for thing, st in eff.states:
+            self.mqtt.publish_state(thing, st)
+            if thing == "rack":
+                self.mqtt.publish_state("health", self.health())
+        w = self.writer
+        for ln in eff.lines:
+            w.write(ln.measurement, ln.tags, ln.fields, ln.wall_ns)
 
     # --- node-agent commands ------------------------------------------------------------
 
     def _send_agent_commands(self, cmds: list[AgentCommand]) -> None:
         """Queue ``set_power_limits`` for each command (never raises)."""
-        for c in cmds:
-            self._request_n += 1
-            rid = f"racky-{self._started:.0f}-{self._request_n}"[:64]
-            issued = datetime.fromtimestamp(self.clock.wall_ns() / 1e9, UTC)  # wall-clock: envelope
-            payload = {"request_id": rid, "issued_at": issued.isoformat().replace("+00:00", "Z"),
-                       "args": c.wire_args(self.agent_epoch)}
-            topic = f"{self.agent_base}/cmd/{self.agent_user}/set_power_limits"
-            self._pending[rid] = (c.trays, self.clock.monotonic())
-            self.agent_stats["sent"] += 1
-            self.log.info("agent_command", trays=list(c.trays), args=c.args, reason=c.reason,
-                          request_id=rid)
-            try:
-                task = asyncio.get_running_loop().create_task(self._publish(topic, payload))
-            except RuntimeError:  # no loop (tests driving the core directly)
-                continue
-            self._bg.add(task)
-            task.add_done_callback(self._bg.discard)
+        self._apply(self.rack_tick.command_effects(cmds, self.clock.monotonic(),
+                                              self.clock.wall_ns()))
 
     async def _publish(self, topic: str, payload: dict[str, Any]) -> None:
         try:
@@ -415,42 +281,21 @@ class Racky(DaemonFrame[RackyConfig]):
                 self.log.warning("agent_command_send_failed", error=str(err),
                                  note="reconciliation re-asserts once the agents report again")
 
-    def _expire_pending(self, now: float) -> None:
-        lim = self.cfg.node_agents.reply_timeout_s
-        for rid in [r for r, (_, t) in self._pending.items() if now - t > lim]:
-            del self._pending[rid]
-            self.agent_stats["lost"] += 1
-
     # --- the tick -----------------------------------------------------------------------
 
     def _tick(self, now: float) -> None:
         wall = self.clock.wall_ns()
-        self.ingest.update_gpu_columns()
-        inp = RackyInputs(self.latest, dict(self.ingest.trays), self.ingest.frame,
-                          self.cooling_reading())
-        out = self.core.step(now, inp, wall)
+        eff = self.rack_tick.step(now, wall, telemetry_alarm_conditions(self.writer.stats))
         self.leases.tick(now, {})  # racky's safety acts through SAFETY_VERBS, not leases
-        self._send_agent_commands(out.commands)
-        self._expire_pending(now)
-        events = list(out.alarm_events)
-        for aid, cond in telemetry_alarm_conditions(self.writer.stats).items():
-            events += self.core.bank.update(now, aid, [""] if cond else [])
-        self._alarms(events)
+        self._apply(eff)
         self.selfmetrics.tick(now, tick_stats=self.tick_stats, writer=self.writer,
                               mqtt=self.mqtt, commands=self.commands,
                               devices=list(self.devices.values()),
                               pv_age_s=self.pv_age_s(now))
-        self.mqtt.publish_state("rack_power", self.core.rack_power_payload(wall))
-        self._telemetry(now, wall, out)
-        if now >= self._next_state:
-            self._next_state = now + self.cfg.control.state_interval_s
-            self._publish_state(wall)
-        if self.core.persist_version != self._saved_version:
-            self._saved_version = self.core.persist_version
+        if eff.save_state:
             self._spawn(self._save_state())
-            self._publish_state(wall)
-        if out.validation_result is not None:
-            self._spawn(self._write_report(out.validation_result, wall))
+        if eff.validation_result is not None:
+            self._spawn(self._write_report(eff.validation_result, wall))
         self.notifier.tick()
         if not self.first_step_done.is_set():
             self.first_step_done.set()
@@ -493,71 +338,12 @@ class Racky(DaemonFrame[RackyConfig]):
         except OSError as err:
             self.log.error("validation_report_failed", error=str(err), directory=str(d))
 
-    def _telemetry(self, now: float, wall: int, out: CoreOutput) -> None:
-        w = self.writer
-        for name, samples in self.latest.items():
-            if samples:
-                w.write_samples("power_shelf", {"device": name}, samples.values(), wall)
-        lim = out.limit
-        w.write("rack", {"device": "rack"}, {
-            "rack_power_w": out.rack_power_w, "it_power_w": out.it_power_w,
-            "limit_w": lim.limit_w, "capacity_w": out.shelves.capacity_w,
-            "derate_w": self.core.derate.cap_w,
-            "caps_total_w": None if np.isnan(out.caps_w).all()
-            else float(np.nansum(out.caps_w)),
-            "min_t_limit_c": out.thermal.min_margin_c
-            if math.isfinite(out.thermal.min_margin_c) else None,
-            "trays_off": float(sum(1 for x in self.core.desired_powered if x is False)),
-        }, wall)
-        if now >= self._next_node:
-            self._next_node = now + self.cfg.control.node_telemetry_interval_s
-            for k, r in self.core.readings.items():
-                cap = out.caps_w[k] if 0 <= k < len(out.caps_w) else math.nan
-                w.write("node", {"device": f"tray{k:02d}"}, {
-                    "power_w": r.power_w, "powered": 1.0 if r.powered else 0.0,
-                    "cap_w": None if math.isnan(cap) else float(cap),
-                    "enforced_tray_cap_w": r.agent.enforced_tray_cap_w,
-                    "coolant_out_temp_c": r.coolant_out_temp_c
-                    if math.isfinite(r.coolant_out_temp_c) else None,
-                    "hottest_gpu_temp_c": float(np.nanmax(r.gpu_temp_c))
-                    if np.isfinite(r.gpu_temp_c).any() else None,
-                }, wall)
-        lk = self.core.links
-        if lk is not None and now >= self._next_link:
-            self._next_link = now + self.cfg.control.link_telemetry_interval_s
-            figs = lk.port_figures()
-            for i, name in enumerate(lk.names):
-                w.write("link", {"port": name}, {
-                    k: (None if not math.isfinite(v[i]) else float(v[i]))
-                    for k, v in figs.items()}, wall)
-
     def _alarms(self, events: list[AlarmEvent]) -> None:
-        if not events:
-            return
-        for ev in events:
-            self.log.warning("alarm", alarm=ev.id, kind=ev.kind, severity=ev.severity,
-                             message=ev.message)
-            snap = self.core.bank.snapshot(ev.id)
-            if snap is None:
-                self.mqtt.publish_alarm(ev.id, None)
-            else:
-                self.mqtt.publish_alarm(ev.id, {
-                    "id": snap.id, "severity": snap.severity, "message": snap.message,
-                    "state": snap.state, "acked": snap.acked, "shelved": snap.shelved,
-                    "runbook": snap.runbook, "value": snap.value,
-                    "ts_ns": self.clock.wall_ns(),  # wall-clock: payload timestamp
-                })
-            self.writer.write("alarm", {"alarm": ev.id, "severity": ev.severity}, {
-                "active": 1.0 if snap is not None and snap.state == "active" else 0.0,
-                "severity_code": _SEVERITY_CODE.get(ev.severity, 0.0),
-                "event_code": float(_EVENT_KINDS.index(ev.kind)),
-            })
+        if events:
+            self._apply(self.rack_tick.alarm_effects(events, self.clock.wall_ns()))
 
     def _publish_state(self, wall: int) -> None:
-        st = self.core.state()
-        st["ts_ns"] = wall
-        self.mqtt.publish_state("rack", st)
-        self.mqtt.publish_state("health", self.health())
+        self._apply(self.rack_tick.state_effects(wall))
 
     def health(self) -> dict[str, Any]:
         """Self-metrics for the retained ``state/health`` topic (``agents.payload_errors``:

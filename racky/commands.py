@@ -306,7 +306,7 @@ def register_racky_commands(
         return reply({"released": released})
 
     def power_up_trays(a: TraysArgs, ctx: CommandContext) -> dict[str, Any]:
-        core._trays(a.trays)
+        core.check_trays(a.trays)
         for t in sorted(set(a.trays)):
             check(f"tray:{t:02d}", ctx)
         queued = core.power_up_trays(a.trays, a.reason, now_mono(ctx))
@@ -356,7 +356,7 @@ def register_racky_commands(
         return reply({"alarm": {"id": a.alarm_id, "shelved_for_s": a.duration_s}})
 
     def set_tray_cap(a: TrayCapArgs, ctx: CommandContext) -> dict[str, Any]:
-        ts = core._trays(a.trays)  # unknown_tray before anything
+        ts = core.check_trays(a.trays)  # unknown_tray before anything
         for t in ts:
             check(f"tray:{t:02d}", ctx, require_lease=True)
         now = now_mono(ctx)
@@ -364,13 +364,13 @@ def register_racky_commands(
         return reply({"tray_cap_overrides": core.state()["tray_cap_overrides"]})
 
     def clear_tray_cap(a: TraysArgs, ctx: CommandContext) -> dict[str, Any]:
-        ts = core._trays(a.trays)
+        ts = core.check_trays(a.trays)
         for t in ts:
             check(f"tray:{t:02d}", ctx)
         return reply({"cleared": core.clear_tray_cap_override(ts, now_mono(ctx))})
 
     def cycle_trays(a: CycleTraysArgs, ctx: CommandContext) -> dict[str, Any]:
-        ts = core._trays(a.trays)
+        ts = core.check_trays(a.trays)
         for t in ts:
             check(f"tray:{t:02d}", ctx)
         send(core.cycle_trays(ts, a.off_s, a.reason, ctx.user, now_mono(ctx)))

@@ -45,6 +45,7 @@ from rackplane.io.service import TickStats, run_ticker
 from rackplane.log import get_logger
 from rackplane.settings import CommandSettings, Identity, MqttSettings
 from sims.modbus_face import ModbusFace
+from sims.row import VirtualRack
 from sims.scenario import ModbusFaultState, Scenario, ScenarioRun
 from sims.telemetry import (
     GetPowerLimitsArgs,
@@ -58,7 +59,8 @@ from sims.telemetry import (
     truth_payload,
 )
 
-__all__ = ["SIM_DT_S", "CduSimulator", "VirtualRackSimulator", "encode_readings"]
+__all__ = ["SIM_DT_S", "CduSimulator", "VirtualRackSimulator", "apply_set_power_limits",
+           "encode_readings", "plant_payload", "serve_values"]
 
 SIM_DT_S = 0.1
 
@@ -76,7 +78,17 @@ def encode_readings(
     out of the type's range), which keep their last registers. Points not in the map are
     ignored.
     """
-    ok: dict[str, float] = {}
+    enc, raw, held = _encode_readings(regmap, values, sentinel_points)
+    return {name: values[name] for name in enc}, raw, held
+
+
+def _encode_readings(
+    regmap: RegisterMap,
+    values: Mapping[str, float],
+    sentinel_points: frozenset[str] | set[str],
+) -> tuple[dict[str, list[int]], dict[str, list[int]], list[str]]:
+    """`encode_readings` with the registers of the encodable values (name -> registers)."""
+    ok: dict[str, list[int]] = {}
     raw: dict[str, list[int]] = {}
     held: list[str] = []
     by_name = regmap.by_name
@@ -94,11 +106,9 @@ def encode_readings(
                 held.append(name)
             continue
         try:
-            encode_value(p, v)
+            ok[name] = encode_value(p, float(v))
         except ValueError:
             held.append(name)
-            continue
-        ok[name] = v
     return ok, raw, held
 
 
@@ -109,6 +119,58 @@ def _sentinel_regs(raw_u: int, words: int, order: str) -> list[int]:
     if order in ("BADC", "DCBA"):
         regs = [((r & 0xFF) << 8) | (r >> 8) for r in regs]
     return regs
+
+
+def _check_trays(rack: VirtualRack, trays: Sequence[int]) -> None:
+    n = rack.compute.n_trays
+    bad = [t for t in trays if not 0 <= t < n]
+    if bad:
+        raise CommandError("unknown_tray", f"trays {bad} do not exist (0..{n - 1})")
+
+
+def apply_set_power_limits(rack: VirtualRack, args: SetPowerLimitsArgs) -> dict[str, Any]:
+    """The node agents' ``set_power_limits`` handler (`sims.telemetry.apply_power_limits`:
+    contract v1, all trays or none, stale epochs dropped, caps armed for ``ttl_s``). Returns
+    the changes applied (a released limit maps to None).
+
+    Raises:
+        CommandError: ``invalid_args``, ``unknown_tray``, ``stale_epoch``, ``out_of_range``;
+            nothing changes when it raises.
+    """
+    apply_power_limits(rack, args)
+    return {**args.changes(), **dict.fromkeys(args.release)}
+
+
+def plant_payload(run: ScenarioRun, ts_ns: int) -> dict[str, Any]:
+    """``telemetry/plant`` (`sims.telemetry.PlantTelemetry`): the CDU's truth at ``ts_ns``."""
+    tr = run.plant.truth()
+    return {
+        "t_s": round(run.t_s, 3),
+        "rack_power_w": tr.rack_power_w,
+        "facility_supply_temp_c": tr.facility_supply_temp_c,
+        "supply_temp_c": tr.supply_temp_c,
+        "return_temp_c": tr.return_temp_c,
+        "flow_lpm": tr.flow_lpm,
+        "valve_position_pct": tr.valve_position_pct,
+        "valve_command_pct": tr.valve_command_pct,
+        "hottest_gpu_tj_c": tr.hottest_gpu_tj_c,
+        "local_control": tr.local_control,
+        "ts_ns": ts_ns,
+    }
+
+
+def serve_values(face: ModbusFace, regmap: RegisterMap, values: Mapping[str, float],
+                 sentinel_points: frozenset[str] | set[str] = frozenset(),
+                 unit: int | None = None) -> list[str]:
+    """Put plant readings into ``face``'s registers as the simulator serves them
+    (`encode_readings`: sentinels raw, unrepresentable values held). Returns the held names."""
+    ok, raw, held = _encode_readings(regmap, values, sentinel_points)
+    by_name = regmap.by_name
+    for regs_of in (ok, raw):
+        for name, regs in regs_of.items():
+            p = by_name[name]
+            face.set_registers(p.table, p.address, regs, unit=unit)
+    return held
 
 
 class VirtualRackSimulator:
@@ -233,11 +295,7 @@ class VirtualRackSimulator:
 
     def _update(self, face: ModbusFace, regmap: RegisterMap, values: Mapping[str, float],
                 unit: int | None = None) -> None:
-        ok, raw, held = encode_readings(regmap, values, self.run_.protocol.sentinel_points)
-        face.update(ok, unit=unit)
-        for name, regs in raw.items():
-            p = regmap.by_name[name]
-            face.set_registers(p.table, p.address, regs, unit=unit)
+        held = serve_values(face, regmap, values, self.run_.protocol.sentinel_points, unit)
         new_held = set(held) - self._held
         if new_held:
             self.log.warning("modbus_value_held", points=sorted(new_held),
@@ -293,10 +351,7 @@ class VirtualRackSimulator:
 
     def _check_trays(self, trays: Sequence[int]) -> None:
         assert self.rack is not None
-        n = self.rack.compute.n_trays
-        bad = [t for t in trays if not 0 <= t < n]
-        if bad:
-            raise CommandError("unknown_tray", f"trays {bad} do not exist (0..{n - 1})")
+        _check_trays(self.rack, trays)
 
     def _set_power_limits(self, args: SetPowerLimitsArgs, ctx: CommandContext
                           ) -> dict[str, Any]:
@@ -338,23 +393,7 @@ class VirtualRackSimulator:
         ts = self.clock.wall_ns()
         ident = self.identity
         if pr.publishing("plant"):
-            tr = run.plant.truth()
-            self.mqtt.publish_telemetry(
-                "plant",
-                {
-                    "t_s": round(run.t_s, 3),
-                    "rack_power_w": tr.rack_power_w,
-                    "facility_supply_temp_c": tr.facility_supply_temp_c,
-                    "supply_temp_c": tr.supply_temp_c,
-                    "return_temp_c": tr.return_temp_c,
-                    "flow_lpm": tr.flow_lpm,
-                    "valve_position_pct": tr.valve_position_pct,
-                    "valve_command_pct": tr.valve_command_pct,
-                    "hottest_gpu_tj_c": tr.hottest_gpu_tj_c,
-                    "local_control": tr.local_control,
-                    "ts_ns": ts,
-                },
-            )
+            self.mqtt.publish_telemetry("plant", plant_payload(run, ts))
         vr = self.rack
         if vr is not None:
             if pr.publishing("rack"):

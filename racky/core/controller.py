@@ -38,7 +38,8 @@ from rackplane.core.alarms import AlarmEvent
 from rackplane.core.samples import Sample
 from rackplane.errors import CommandError
 from racky.config import RackyConfig
-from racky.core.alarmbank import AlarmBank, alarm_id
+from racky.core import views
+from racky.core.alarmbank import AlarmBank
 from racky.core.lifecycle import PersistedState
 from racky.core.links import LINK_ALARM_KINDS, LinkHealth, LinkStep
 from racky.core.power import (
@@ -71,8 +72,6 @@ from racky.core.thermal import (
 from racky.core.validation import Stage, ValidationResult, ValidationRun, ValidationSample
 
 FloatArray = npt.NDArray[np.float64]
-LINK_KINDS = frozenset(k.kind for k in LINK_ALARM_KINDS if k.kind not in (
-    "port_silent", "gpu_stalled", "gpu_burst", "counter_unknown"))
 REASSERT = "re-assert (reported settings drifted)"
 """Reason of a command that re-sends unchanged settings to an agent that does not hold them."""
 REFRESH = "refresh (caps' TTL)"
@@ -108,6 +107,16 @@ class CoreOutput:
     thermal: ThermalStep
     links: LinkStep | None
     validation_result: ValidationResult | None = None
+    derate_w: float | None = None
+    """The facility-water derate cap in force after the tick, W (None: not derating)."""
+    trays_off: int = 0
+    """Trays racky wants off (safety power-downs, power cycles, sequencing)."""
+    readings: Mapping[int, TrayReading] = field(default_factory=dict)
+    """The tray readings the tick used (tray -> reading)."""
+    link_health: LinkHealth | None = None
+    """The link pipeline (its per-port figures for telemetry), once a frame arrived."""
+    persist_version: int = 0
+    """Changes whenever the persisted state changed (the caller saves it)."""
 
 
 class RackyCore:
@@ -159,9 +168,9 @@ class RackyCore:
         self._protected: set[int] = set()
         self.actions: list[tuple[float, str]] = []  # (t, what) automated actions taken
         self.readings: Mapping[int, TrayReading] = {}
-        self._fresh = np.zeros(self.n_trays, dtype=bool)
+        self.fresh = np.zeros(self.n_trays, dtype=bool)
         self._blast_alarm_until = -math.inf
-        self._frame: LinkFrame | None = None
+        self.frame: LinkFrame | None = None
         self._ranks = np.array([p.classes[p.tray_classes.get(str(k), p.default_class)]
                                 for k in range(self.n_trays)])
         self.table: TrayTable | None = None
@@ -202,7 +211,7 @@ class RackyCore:
         tt = TrayTable.build(trays, self.n_trays, self.gpt, now, stale)
         self.table = tt
         fresh = tt.fresh
-        self._fresh = fresh
+        self.fresh = fresh
         for k, r in trays.items():
             if 0 <= k < self.n_trays and self.desired_powered[k] is None:
                 self.desired_powered[k] = r.powered  # adopt what we find on first sight
@@ -304,7 +313,7 @@ class RackyCore:
             gpu_on_port = inp.frame.gpu
             lstep = self.links.step(now, inp.frame, gpu_off[gpu_on_port],
                                     gpu_grace[gpu_on_port])
-        self._frame = inp.frame
+        self.frame = inp.frame
 
         # 6. alarms
         bank = self.bank
@@ -320,7 +329,11 @@ class RackyCore:
         result = None
         if self.validation is not None:
             result = self._validation_tick(now, wall_ns, view, limit, rack_w, th)
-        out = CoreOutput(now, cmds, events, view, rack_w, it_w, limit, caps, th, lstep, result)
+        out = CoreOutput(now, cmds, events, view, rack_w, it_w, limit, caps, th, lstep, result,
+                         derate_w=self.derate.cap_w,
+                         trays_off=sum(1 for x in self.desired_powered if x is False),
+                         readings=trays, link_health=self.links,
+                         persist_version=self.persist_version)
         self.last = out
         return out
 
@@ -418,61 +431,20 @@ class RackyCore:
                           limit: LimitState, rack_w: float | None
                           ) -> tuple[ValidationSample, set[str]]:
         """The figures of one tick over ``trays`` (and their GPUs' ports)."""
-        tj, margin, thr = [], [], 0
-        for k in trays:
-            r = self.readings.get(k)
-            if r is None or not self._fresh[k]:
-                continue
-            tj += [x for x in r.gpu_temp_c.tolist() if math.isfinite(x)]
-            margin += [x for x in r.gpu_t_limit_c.tolist() if math.isfinite(x)]
-            thr += int(r.gpu_throttled.sum())
-        nvl = nic_mean = nic_min = 0.0
-        down = 0
-        pre = 0.0
-        alarms: set[str] = set()
-        lk = self.links
-        if lk is not None:
-            gmask = np.zeros(self.n_gpus, dtype=bool)
-            for k in trays:
-                gmask[k * self.gpt:(k + 1) * self.gpt] = True
-            pm = gmask[lk.gpu]
-            fr = self._frame
-            if fr is not None:
-                line = fr.speed_mb_per_s * 1e6
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    frac = np.where(line > 0, 0.5 * (fr.tx_bytes_per_s + fr.rx_bytes_per_s)
-                                    / line, 0.0)
-                up = fr.link_up
-                nv = pm & fr.is_nvlink & up
-                ni = pm & ~fr.is_nvlink & up
-                nvl = float(frac[nv].mean()) if nv.any() else 0.0
-                nic_mean = float(frac[ni].mean()) if ni.any() else 0.0
-                nic_min = float(frac[pm & ~fr.is_nvlink].min()) if (pm & ~fr.is_nvlink).any() \
-                    else 0.0
-                down = int((pm & ~up).sum())
-            rates = lk.pre_fec_rate_per_min[pm]
-            pre = float(np.nanmax(rates)) if np.isfinite(rates).any() else 0.0
-            names = {lk.names[i] for i in np.flatnonzero(pm)}
-            for kind in LINK_KINDS:
-                for thing in self.bank.things(kind):
-                    if thing in names:
-                        alarms.add(alarm_id(kind, thing))
-        s = ValidationSample(
-            t_s=t_s, phase=phase, rack_power_w=rack_w, limit_w=limit.limit_w,
-            capacity_w=view.capacity_w, hottest_tj_c=max(tj) if tj else math.nan,
-            min_margin_c=min(margin) if margin else math.nan, throttled_gpus=thr,
-            nvlink_fraction=nvl, nic_fraction_mean=nic_mean, nic_fraction_min=nic_min,
-            ports_down=down, link_alarms=len(alarms), pre_fec_max_per_min=pre,
-        )
-        return s, alarms
+        return views.validation_sample(self, t_s, phase, trays, view, limit, rack_w)
 
     def note_frame(self, frame: LinkFrame | None) -> None:
         """The frame the next validation sample reads throughput from (set each tick)."""
-        self._frame = frame
+        self.frame = frame
 
     # --- commands (validate before mutating) --------------------------------------------
 
-    def _trays(self, trays: Sequence[int]) -> list[int]:
+    def check_trays(self, trays: Sequence[int]) -> list[int]:
+        """``trays`` sorted without repeats.
+
+        Raises:
+            CommandError: ``unknown_tray`` (an index outside 0 .. n_trays - 1).
+        """
         bad = [t for t in trays if not 0 <= t < self.n_trays]
         if bad:
             raise CommandError("unknown_tray", f"trays {bad} do not exist "
@@ -483,7 +455,7 @@ class RackyCore:
                          wall_ns: int) -> list[AgentCommand]:
         """Safety: switch ``trays`` off now (no sequencing, no blast-radius limit), persisted
         so a restart keeps them off. Returns the commands to send at once."""
-        ts = self._trays(trays)
+        ts = self.check_trays(trays)
         self.seq.cancel(ts)
         for k in ts:
             self.cycle_on_at.pop(k, None)  # a safety power-down ends a power cycle too
@@ -504,7 +476,7 @@ class RackyCore:
     def power_up_trays(self, trays: Sequence[int], reason: str, now: float) -> list[int]:
         """Operator: switch ``trays`` on through the sequencer (inrush limit); clears their
         safety-off record. Returns the trays queued."""
-        ts = self._trays(trays)
+        ts = self.check_trays(trays)
         todo = [k for k in ts if self.desired_powered[k] is not True]
         for k in ts:
             self.persisted.safety_off.pop(k, None)
@@ -544,7 +516,7 @@ class RackyCore:
                 `CapAllocator.tray_max_w`, ``until_mono`` not after ``now``);
                 ``blast_radius``. Nothing changes when it raises.
         """
-        ts = self._trays(trays)
+        ts = self.check_trays(trays)
         lo, hi = self.alloc.tray_min_w, self.alloc.tray_max_w
         if not (math.isfinite(power_w) and lo <= power_w <= hi):
             raise CommandError("out_of_range", f"power_w must be within [{lo:.0f}, {hi:.0f}] W "
@@ -570,7 +542,7 @@ class RackyCore:
         Raises:
             CommandError: ``unknown_tray``.
         """
-        ts = self._trays(trays)
+        ts = self.check_trays(trays)
         cleared = [k for k in ts if self.cap_overrides.pop(k, None) is not None]
         if cleared:
             self.actions.append((now, f"tray cap override cleared {cleared}"))
@@ -589,7 +561,7 @@ class RackyCore:
                 ``invalid_transition`` (a tray is safety-off); ``blast_radius``. Nothing
                 changes when it raises.
         """
-        ts = self._trays(trays)
+        ts = self.check_trays(trays)
         if not (math.isfinite(off_s) and 1.0 <= off_s <= 600.0):
             raise CommandError("out_of_range", "off_s must be within [1, 600] s")
         held = [k for k in ts if k in self.persisted.safety_off]
@@ -668,7 +640,7 @@ class RackyCore:
         """
         if self.validation is not None:
             raise CommandError("invalid_transition", "a validation is already running")
-        ts = tuple(self._trays(trays)) if trays else None
+        ts = tuple(self.check_trays(trays)) if trays else None
         if stage == "node" and not ts:
             raise CommandError("invalid_args", "the node stage needs trays")
         v = self.cfg.validation
@@ -706,85 +678,15 @@ class RackyCore:
     def power_confirmed_low(self) -> bool:
         """Every tray racky switched off reports off, and the rack power is below
         ``confirmed_low_w`` when all trays are off (S6 c/d: valvey may isolate the liquid)."""
-        off = [k for k in range(self.n_trays) if self.desired_powered[k] is False]
-        if not off:
-            return False
-        for k in off:
-            r = self.readings.get(k)
-            if r is None or not self._fresh[k] or r.powered or r.power_w > 50.0:
-                return False
-        if len(off) == self.n_trays and self.last is not None:
-            rw = self.last.rack_power_w
-            return rw is not None and rw <= self.cfg.power.confirmed_low_w
-        return True
+        return views.power_confirmed_low(self)
 
     def rack_power_payload(self, wall_ns: int) -> dict[str, Any]:
         """``state/rack_power`` (CONTRACTS.md; valvey's feedforward input)."""
-        o = self.last
-        shelves = o.shelves if o is not None else None
-        return {
-            # a partial sum (a shelf offline) would understate the rack to valvey: unknown
-            "rack_power_w": None if shelves is None
-            or shelves.shelves_reporting < shelves.shelves_configured else shelves.rack_power_w,
-            "it_power_w": None if o is None else _r(o.it_power_w),
-            "shelves_reporting": 0 if shelves is None else shelves.shelves_reporting,
-            "shelves_configured": 0 if shelves is None else shelves.shelves_configured,
-            "ts_ns": wall_ns,
-        }
+        return views.rack_power_payload(self, wall_ns)
 
     def state(self) -> dict[str, Any]:
         """``state/rack``: lifecycle, limits and caps, redundancy, trays, validation."""
-        o = self.last
-        lc = self.persisted.lifecycle
-        lim = o.limit if o is not None else LimitState()
-        v = o.shelves if o is not None else None
-        caps = {} if o is None else {f"tray{k:02d}": float(c) for k, c in enumerate(o.caps_w)
-                                     if not math.isnan(c)}
-        now = o.t_mono if o is not None else 0.0
-        return {
-            "lifecycle": {"state": lc.state, "since_ns": lc.since_ns, "reason": lc.reason,
-                          "by": lc.by, "validated": lc.validated},
-            "rack_power_w": None if o is None else _r(o.rack_power_w),
-            "power_confirmed_low": self.power_confirmed_low(),
-            "limit_w": _r(lim.limit_w), "limit_source": lim.source,
-            "limits": {k: _r(x) for k, x in lim.parts.items()},
-            "budget_w": self.budget_w,
-            "requested_caps": {u: {"power_w": rc.power_w, "reason": rc.reason,
-                                   "expires_in_s": round(max(rc.until_mono - now, 0.0), 1)}
-                               for u, rc in self.requested.items()},
-            "derate_w": _r(self.derate.cap_w),
-            "capacity_cap_w": _r(self.capacity.cap_w),
-            "tray_caps_w": caps,
-            "protective_gpu_caps_w": {f"tray{k:02d}": round(c, 1)
-                                      for k, c in self.thermal.protect.items()},
-            "redundancy": None if v is None else {
-                "capacity_w": v.capacity_w, "spare_psus": v.spare_psus,
-                "redundant_feeds": v.redundant_feeds, "shelves_reporting": v.shelves_reporting},
-            "trays_off": sorted(k for k in range(self.n_trays)
-                                if self.desired_powered[k] is False),
-            "safety_off": {str(k): x for k, x in self.persisted.safety_off.items()},
-            "sequencing": [{"tray": t, "powered": p} for t, p in self.seq.pending],
-            "tray_cap_overrides": {
-                f"tray{k:02d}": {"power_w": rc.power_w, "by": rc.user, "reason": rc.reason,
-                                 "expires_in_s": round(max(rc.until_mono - now, 0.0), 1)}
-                for k, rc in sorted(self.cap_overrides.items())},
-            "cycling": [{"tray": k, "on_in_s": round(max(at - now, 0.0), 1)}
-                        for k, at in sorted(self.cycle_on_at.items())],
-            "validation": None if self.validation is None else {
-                "stage": self.validation.stage,
-                "elapsed_s": round(now - self.validation.start, 1),
-                "duration_s": self.validation.duration_s,
-                "phase": self.validation.phase_at(now)},
-            "last_validation": self.persisted.last_validation,
-            "cap_reasserts": self.recon.reasserts,
-            "blast_radius_used": self.blast.used(now),
-            "alarms": [a.id for a in self.bank.active()][:50],
-            "links": None if o is None or o.links is None else {
-                **o.links.summary, "watch": o.links.watch[:20]},
-            "thermal": None if o is None else {
-                "cause": o.thermal.cause, "hot_trays": o.thermal.hot_trays,
-                "min_t_limit_c": _r(o.thermal.min_margin_c)},
-        }
+        return views.rack_state(self)
 
 
 def _r(x: float | None, nd: int = 1) -> float | None:

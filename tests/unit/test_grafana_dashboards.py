@@ -109,6 +109,13 @@ def _resolve(fn: ast.AST, node: ast.AST) -> set[str] | None:
         return _method_returns(node.func.attr)
     if isinstance(node, ast.DictComp) and node.generators:
         it = node.generators[0].iter  # {k: ... for k, v in figs.items()}
+        if isinstance(it, ast.Name):  # cols = [(k, ...) for k, v in figs.items()]; {.. in cols}
+            for a in ast.walk(fn):
+                if (isinstance(a, ast.Assign) and len(a.targets) == 1
+                        and isinstance(a.targets[0], ast.Name) and a.targets[0].id == it.id
+                        and isinstance(a.value, ast.ListComp | ast.GeneratorExp)):
+                    it = a.value.generators[0].iter
+                    break
         if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and \
                 it.func.attr == "items":
             return _resolve(fn, it.func.value)
@@ -138,6 +145,29 @@ def _point_measurements(daemon: str) -> dict[str, set[str]]:
     return out
 
 
+def _line_effect(s: Schema, daemon: str, fn: ast.FunctionDef | ast.AsyncFunctionDef,
+                 call: ast.Call, path: str) -> None:
+    """What a ``Line(measurement, tags, fields, wall_ns)`` effect writes; fields built by
+    ``sample_fields(...)`` are the register-map points, as ``write_samples`` writes them."""
+    m = call.args[0].value  # type: ignore[attr-defined]
+    where = f"{path}:{call.lineno}"
+    tags = _resolve(fn, call.args[1])
+    fa = call.args[2]
+    if isinstance(fa, ast.Call) and isinstance(fa.func, ast.Name) and fa.func.id == "sample_fields":
+        for meas, pts in _point_measurements(daemon).items():
+            if meas == m or daemon == "valvey":
+                s.fields[meas] |= pts
+                s.tags[meas] |= tags or set()
+    else:
+        fields = _resolve(fn, fa)
+        if fields is None:
+            s.unresolved.append(f"{where} Line({m!r})")
+        s.fields[m] |= fields or set()
+    if tags is None:
+        s.unresolved.append(f"{where} Line({m!r}) tags")
+    s.tags[m] |= tags or set()
+
+
 def written_schema() -> Schema:
     s = Schema()
     for daemon in ("valvey", "racky"):
@@ -146,6 +176,13 @@ def written_schema() -> Schema:
         for path, tree in {**_sources(daemon), frame: ALL_SOURCES[frame]}.items():
             for fn in _functions(tree):
                 for call in ast.walk(fn):
+                    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                            and call.func.id == "Line" and len(call.args) >= 3
+                            and isinstance(call.args[0], ast.Constant)
+                            and isinstance(call.args[0].value, str)):
+                        # a tick's telemetry effect: Line(measurement, tags, fields, wall_ns)
+                        _line_effect(s, daemon, fn, call, f"{path.relative_to(ROOT)}")
+                        continue
                     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
                         continue
                     if isinstance(call.func, ast.Attribute) and call.func.attr == "SelfMetrics":

@@ -85,7 +85,7 @@ def test_garbage_cooling_payloads_are_refused_and_the_reading_ages(racky: Racky)
         racky._on_cooling(Message(racky.cooling_topic, raw, received_mono=20.0))
     c = racky.cooling_reading()
     assert c is not None and c.t_mono == 10.0 and c.supply_temp_c == 45.0
-    assert racky._payload_problem.get("cooling_state")
+    assert racky.rack_tick.payload_problems.get("cooling_state")
 
 
 def test_retained_and_duplicated_tray_telemetry_does_not_refresh_the_tray(racky: Racky) -> None:
@@ -113,7 +113,7 @@ def test_a_tray_message_on_another_trays_topic_is_refused(racky: Racky) -> None:
         racky._on_agent_telemetry(_msg(f"{racky.agent_base}/telemetry/{thing}", p,
                                        retain=False, t=50.0))
     assert racky.ingest.trays == {} and racky.ingest.errors == 2  # both counted
-    assert set(racky._payload_problem) == {"tray07", "trayX"}
+    assert set(racky.rack_tick.payload_problems) == {"tray07", "trayX"}
 
 
 def test_an_agent_reply_with_ok_as_a_string_is_not_success(racky: Racky) -> None:
@@ -159,15 +159,15 @@ def test_a_silent_tray_is_alarmed_and_never_counted_as_zero_watts() -> None:
 
 
 def test_an_oversized_payload_is_refused_before_parsing(racky: Racky) -> None:
-    from racky.app import MAX_INPUT_PAYLOAD_BYTES
+    from racky.tick import MAX_INPUT_PAYLOAD_BYTES
 
     big = b'{"tray": 0, "pad": "' + b"x" * MAX_INPUT_PAYLOAD_BYTES + b'"}'
     racky._on_agent_telemetry(Message(f"{racky.agent_base}/telemetry/tray00", big,
                                       received_mono=5.0))
-    assert racky.ingest.trays == {} and "more than" in racky._payload_problem["tray00"]
+    assert racky.ingest.trays == {} and "more than" in racky.rack_tick.payload_problems["tray00"]
     racky._on_cooling(Message(racky.cooling_topic, big, received_mono=5.0))
     assert racky.cooling_reading() is None
-    assert "more than" in racky._payload_problem["cooling_state"]
+    assert "more than" in racky.rack_tick.payload_problems["cooling_state"]
 
 
 def test_h8_every_refused_tray_message_is_counted_and_logged_once_per_change(
@@ -177,7 +177,7 @@ def test_h8_every_refused_tray_message_is_counted_and_logged_once_per_change(
     reason, not once per message."""
     from structlog.testing import capture_logs
 
-    from racky.app import MAX_INPUT_PAYLOAD_BYTES
+    from racky.tick import MAX_INPUT_PAYLOAD_BYTES
 
     _, p = _first_tray_payload()
     base = f"{racky.agent_base}/telemetry/tray{p['tray']:02d}"
@@ -215,7 +215,29 @@ def test_contract_v1_newer_minor_fields_are_ignored_and_another_major_refused(
     assert racky.ingest.ignored_field_count == 2 and racky.ingest.errors == 0
     v2 = {**p, "schema_version": "2.0", "ts_ns": WALL0 + 10}
     racky._on_agent_telemetry(Message(base, json.dumps(v2).encode(), received_mono=20.0))
-    assert racky.ingest.errors == 1 and "major version 2" in racky._payload_problem["tray00"]
+    assert racky.ingest.errors == 1
+    assert "major version 2" in racky.rack_tick.payload_problems["tray00"]
     racky._on_agent_telemetry(Message(f"{racky.agent_base}/telemetry/truth", b"{}",
                                       received_mono=21.0))
     assert racky.ingest.errors == 1
+
+
+def test_the_simulators_plant_topic_beside_the_agents_telemetry_is_the_plant(
+        tmp_path: Path) -> None:
+    """The plant topic may sit on the agents' own level (``<...>/sim/telemetry/plant``, the
+    simulator's): it is read as the plant, never as a tray message."""
+    cfg = RackyConfig.model_validate({
+        "lifecycle": {"state_file": str(tmp_path / "racky-state.json")},
+        "spool": {"directory": str(tmp_path / "spool")},
+    })
+    plant = f"{cfg.mqtt.topic_root}/{cfg.identity.site}/{cfg.identity.rack}/" \
+            f"{cfg.node_agents.daemon}/telemetry/plant"
+    cfg = cfg.model_copy(update={"cooling": cfg.cooling.model_copy(
+        update={"plant_topic": plant})})
+    r = Racky(cfg, clock=FakeClock(start_mono=1000.0, start_wall_ns=WALL0))
+    r._on_plant(_msg(plant, {"flow_lpm": 850.0, "facility_supply_temp_c": 41.0},
+                     retain=False, t=999.0))
+    r._on_cooling(_msg(r.cooling_topic, {"supply_temp_c": 45.1}, retain=False, t=1000.0))
+    c = r.cooling_reading()
+    assert c is not None and c.flow_lpm == 850.0 and c.facility_supply_temp_c == 41.0
+    assert r.ingest.errors == 0 and not r.rack_tick.payload_problems

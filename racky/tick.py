@@ -1,0 +1,526 @@
+"""racky's tick: its inputs, one call per tick, its effects as plain data (issue 13).
+
+The daemon (`racky.app.Racky`) and the lock-step harness (``harness/lockstep_racky.py``) drive
+the same `RackyTick`, so a lock-step figure is a figure of the daemon's code. Pure: no
+asyncio, no sockets, no clock (times are passed in), no `rackplane.io` import.
+
+Inputs (between ticks, in any order):
+
+* `RackyTick.shelf_samples` (a shelf's Modbus samples as the register-map decoder made them;
+  the daemon's Modbus adapter, or the harness's register image);
+* `RackyTick.message` (an MQTT message racky subscribes to: ``<agents>/telemetry/trayNN`` node
+  agent telemetry through `racky.core.telemetry.TelemetryIngest`,
+  ``<agents>/cmd/<user>/set_power_limits/result`` replies, valvey's ``state/<state_thing>``,
+  the optional plant topic), with its retain flag and monotonic receive time.
+
+`RackyTick.step` (``now_mono``, ``wall_ns``) calls `racky.core.controller.RackyCore.step` and
+returns `TickEffects`: the ``set_power_limits`` publishes to the node agents, the state
+publishes, the alarm publishes, the telemetry lines (measurement, tags, fields, wall ns; the
+writer adds the identity tags), log records, whether the persisted state changed, a finished
+validation. The caller applies them (the daemon: MQTT, the telemetry writer, a worker thread
+for the state file; the harness: the simulator's node agents).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+
+from rackplane.core.alarms import AlarmEvent
+from rackplane.core.samples import Sample
+from racky.config import RackyConfig
+from racky.core.controller import CoreOutput, RackyCore, RackyInputs
+from racky.core.power import AgentCommand
+from racky.core.telemetry import PayloadError, StaleMessage, TelemetryIngest, decode_payload
+from racky.core.thermal import CoolingReading
+from racky.core.validation import ValidationResult
+
+__all__ = ["MAX_INPUT_PAYLOAD_BYTES", "AgentPublish", "Line", "LogRecord", "RackyTick",
+           "TickEffects", "TickTopics", "sample_fields"]
+
+SEVERITY_CODE = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}
+EVENT_KINDS = ["raised", "cleared", "acked", "shelved", "unshelved", "returned"]
+MAX_INPUT_PAYLOAD_BYTES = 1 << 20
+"""Largest node-agent / cooling payload racky parses (bytes): a tray message of an NVL72
+tray is ~13 kB; a larger one is refused before it is decoded (parsing tens of MB would stall
+the tick)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPublish:
+    """One ``set_power_limits`` command racky publishes (QoS 1, not retained).
+
+    Attributes:
+        topic: ``<agents>/cmd/<user>/set_power_limits``.
+        payload: rackplane's command envelope (``request_id``, ``issued_at``, ``args``).
+        trays: the trays it addresses; reason: why (logged).
+    """
+
+    topic: str
+    payload: dict[str, Any]
+    trays: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One telemetry point: the writer merges the identity tags and encodes line protocol."""
+
+    measurement: str
+    tags: dict[str, str]
+    fields: dict[str, float | None]
+    wall_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """A log event the caller emits (``level``: debug, info, warning, error)."""
+
+    level: str
+    event: str
+    fields: dict[str, Any]
+
+
+@dataclass
+class TickEffects:
+    """What one tick (or one command handler's agent commands / alarm events) decided.
+
+    Attributes:
+        agent_commands: publishes to the node agents, in order.
+        states: ``state/<thing>`` publishes (retained), in order; after ``rack`` the daemon
+            also publishes its ``state/health``.
+        alarms: ``alarm/<id>`` publishes: the alarm's payload, or None (cleared: the retained
+            message is removed).
+        alarm_events: the alarm events behind ``alarms`` (core and telemetry-path alarms).
+        lines: telemetry points, in order.
+        logs: log records, in order.
+        save_state: the persisted state changed (write the state file).
+        validation_result: a validation finished this tick (write its report).
+        output: the core's output (None for effects outside a tick).
+    """
+
+    agent_commands: list[AgentPublish] = field(default_factory=list)
+    states: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    alarms: list[tuple[str, dict[str, Any] | None]] = field(default_factory=list)
+    alarm_events: list[AlarmEvent] = field(default_factory=list)
+    lines: list[Line] = field(default_factory=list)
+    logs: list[LogRecord] = field(default_factory=list)
+    save_state: bool = False
+    validation_result: ValidationResult | None = None
+    output: CoreOutput | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TickTopics:
+    """The topics racky reads and writes besides its own ``state``/``alarm``/``cmd`` ones."""
+
+    agent_base: str
+    agent_user: str
+    tray_prefix: str
+    cooling: str
+    plant: str | None
+
+    @classmethod
+    def of(cls, cfg: RackyConfig) -> TickTopics:
+        """From the config (``mqtt.topic_root``, identity, ``node_agents``, ``cooling``)."""
+        ident = cfg.identity
+        root = f"{cfg.mqtt.topic_root}/{ident.site}/{ident.rack}"
+        c = cfg.cooling
+        return cls(f"{root}/{cfg.node_agents.daemon}", cfg.command_user,
+                   cfg.node_agents.tray_thing_prefix, f"{root}/{c.daemon}/state/{c.state_thing}",
+                   c.plant_topic or None)
+
+    @property
+    def command(self) -> str:
+        """Where racky sends ``set_power_limits``."""
+        return f"{self.agent_base}/cmd/{self.agent_user}/set_power_limits"
+
+
+def sample_fields(samples: Iterable[Sample]) -> dict[str, float | None]:
+    """The fields of one ``power_shelf`` line as the writer's ``write_samples`` makes them at
+    one timestamp: ``<point> = value`` (usable samples) and ``<point>_quality = code`` (all)."""
+    f: dict[str, float | None] = {}
+    for s in samples:
+        if s.usable:
+            f[s.point] = s.value
+        f[f"{s.point}_quality"] = float(s.quality.code)
+    return f
+
+
+def _num(d: Mapping[str, Any], *keys: str) -> float | None:
+    for k in keys:
+        v = d.get(k)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            return float(v)
+    return None
+
+
+class RackyTick:
+    """racky's inputs, tick and effects (see the module docstring).
+
+    Args:
+        cfg: the validated config.
+        core: the core it drives (`RackyCore`, constructed by the caller with its persisted
+            state and start time).
+        started_mono: when the daemon started, monotonic s (request ids; the first state
+            publish is due at once).
+        agent_epoch: the epoch every ``set_power_limits`` carries (node-agent contract v1:
+            agents drop a command of an older epoch than the newest they have seen); the
+            daemon passes its start time in ms since the Unix epoch.
+
+    Attributes:
+        latest: per shelf device name, point -> the newest `Sample`.
+        ingest: the node agents' telemetry (`TelemetryIngest`).
+        pending: request id -> (trays, sent at monotonic s) of unanswered agent commands.
+        agent_stats: sent / ok / refused / lost / send_errors counts (``state/health``).
+        payload_problems: what is wrong with an input now (``trayNN``, ``cooling_state``,
+            ``plant_telemetry`` -> why), so each problem is logged once until it clears.
+    """
+
+    def __init__(self, cfg: RackyConfig, core: RackyCore, started_mono: float, *,
+                 agent_epoch: int = 0) -> None:
+        self.cfg = cfg
+        self.agent_epoch = agent_epoch
+        self.core = core
+        self.topics = TickTopics.of(cfg)
+        a = cfg.node_agents
+        self.ingest = TelemetryIngest(a.trays, a.gpus_per_tray, tuple(cfg.links.counters))
+        self.latest: dict[str, dict[str, Sample]] = {}
+        self.pending: dict[str, tuple[tuple[int, ...], float]] = {}
+        self.agent_stats = {"sent": 0, "ok": 0, "refused": 0, "lost": 0, "send_errors": 0}
+        self.started_mono = started_mono
+        self._request_n = 0
+        self._cooling: dict[str, float | None] = {}
+        self._plant: dict[str, float | None] = {}
+        self._cooling_t: float | None = None
+        self._plant_t: float | None = None
+        self.payload_problems: dict[str, str] = {}
+        self._logs: list[LogRecord] = []
+        self._saved_version = 0
+        self._next_state = 0.0
+        self._next_node = 0.0
+        self._next_link = 0.0
+        a_pref = f"{self.topics.agent_base}/telemetry/"
+        self._telemetry_prefix = a_pref
+        self._reply_prefix = f"{self.topics.agent_base}/cmd/{self.topics.agent_user}/"
+
+    # --- inputs -----------------------------------------------------------------------------
+
+    def shelf_samples(self, device: str, samples: Iterable[Sample]) -> None:
+        """A shelf's newest poll: one sample per point (replaces the previous poll's)."""
+        self.latest[device] = {x.point: x for x in samples}
+
+    def take_logs(self) -> list[LogRecord]:
+        """The log records the input methods made since the last call (then cleared)."""
+        out, self._logs = self._logs, []
+        return out
+
+    def _log(self, level: str, event: str, **fields: Any) -> None:
+        self._logs.append(LogRecord(level, event, fields))
+
+    def message(self, topic: str, payload: bytes, *, retain: bool, received_mono: float,
+                wall_ns: int) -> None:
+        """An MQTT message on one of racky's input subscriptions (dispatched by topic; others
+        are ignored). ``received_mono``: when it arrived (monotonic s); ``wall_ns``: the wall
+        clock then (the age of a retained cooling value). Never raises: a bad message is
+        counted / logged (`take_logs`)."""
+        if topic == self.topics.cooling:
+            self.cooling_state(topic, payload, retain=retain, received_mono=received_mono,
+                               wall_ns=wall_ns)
+        elif self.topics.plant is not None and topic == self.topics.plant:
+            # before the agents' telemetry: the simulator's plant topic may share its level
+            self.plant_telemetry(topic, payload, retain=retain, received_mono=received_mono,
+                                 wall_ns=wall_ns)
+        elif topic.startswith(self._telemetry_prefix):
+            self.agent_telemetry(topic, payload, retain=retain, received_mono=received_mono)
+        elif topic.startswith(self._reply_prefix) and topic.endswith("/result"):
+            self.agent_reply(payload)
+
+    def agent_telemetry(self, topic: str, payload: bytes, *, retain: bool,
+                        received_mono: float) -> None:
+        """``<agents>/telemetry/<thing>``: a ``trayNN`` message into the ingest (refusals are
+        counted in ``ingest.errors`` / ``ingest.stale_messages`` and logged once per kind)."""
+        thing = topic.rsplit("/", 1)[-1]
+        prefix = self.topics.tray_prefix
+        if not thing.startswith(prefix):
+            return
+        suffix = thing[len(prefix):]
+        ingested = False  # tray_payload counts its own refusals in ingest.errors
+        try:
+            if not (suffix.isascii() and suffix.isdigit()):
+                raise PayloadError(f"topic {thing!r}: not <prefix><tray index>")
+            if len(payload) > MAX_INPUT_PAYLOAD_BYTES:
+                raise PayloadError(f"payload: more than {MAX_INPUT_PAYLOAD_BYTES} bytes")
+            data = decode_payload(payload)
+            ingested = True
+            self.ingest.tray_payload(data, received_mono, retained=retain,
+                                     expected_tray=int(suffix))
+        except StaleMessage as err:
+            key = f"{thing}:stale:{err}"
+            if key not in self.payload_problems:
+                self.payload_problems[key] = str(err)
+                self._log("warning", "agent_telemetry_not_newest", thing=thing, error=str(err),
+                          note="refused, not taken as fresh; counted in stale_messages")
+            return
+        except (ValueError, RecursionError) as err:  # PayloadError is a ValueError
+            if not ingested or not isinstance(err, PayloadError):  # not counted yet: a bad
+                # topic, oversize, not JSON, not the contract
+                self.ingest.errors += 1  # every refused tray message counts (state/health)
+            why = str(err)[:200]
+            if self.payload_problems.get(thing) != why:
+                self.payload_problems[thing] = why
+                self._log("warning", "agent_telemetry_refused", thing=thing, error=why,
+                          note="the tray's last reading ages and goes stale")
+            return
+        if self.payload_problems.pop(thing, None) is not None:
+            self._log("info", "agent_telemetry_recovered", thing=thing)
+
+    def agent_reply(self, payload: bytes) -> None:
+        """A node agent's reply to a ``set_power_limits`` racky sent (others are ignored)."""
+        try:
+            data = json.loads(payload.decode("utf-8"))
+        except ValueError:
+            return
+        if not isinstance(data, dict):
+            return
+        rid = data.get("request_id")
+        entry = self.pending.pop(rid, None) if isinstance(rid, str) else None
+        if entry is None:
+            return
+        trays, _ = entry
+        ok = data.get("ok") is True  # bool("false") is True: only a JSON true is success
+        err = data.get("error") or {}
+        why = f"{err.get('code')}: {err.get('message')}" if isinstance(err, dict) else str(err)
+        self.core.agent_reply(trays, ok, None if ok else why)
+        self.agent_stats["ok" if ok else "refused"] += 1
+        if not ok:
+            self._log("warning", "agent_refused", trays=list(trays), error=why[:300])
+
+    def _arrival(self, retain: bool, received_mono: float, wall_ns: int,
+                 d: Mapping[str, Any]) -> float:
+        """When a cooling/plant message counts as read (monotonic s). A message from the
+        broker's retained store may be old (valvey stopped an hour ago): its age comes from the
+        payload's ``ts_ns``, else it counts as stale at once; a dead publisher's last value is
+        never taken as fresh (it would let the derate release on old facility water)."""
+        if not retain:
+            return received_mono
+        age = self.cfg.power.derate.stale_after_s + self.cfg.cooling.stale_after_s + 1.0
+        ts = d.get("ts_ns")
+        if isinstance(ts, int) and not isinstance(ts, bool):
+            age = max(0.0, (wall_ns - ts) / 1e9)
+        return received_mono - age
+
+    def _json_object(self, topic: str, payload: bytes, what: str) -> dict[str, Any] | None:
+        """The payload as a JSON object, or None (logged once per distinct problem)."""
+        try:
+            if len(payload) > MAX_INPUT_PAYLOAD_BYTES:
+                raise ValueError(f"more than {MAX_INPUT_PAYLOAD_BYTES} bytes")
+            d = json.loads(payload.decode("utf-8"))
+        except (ValueError, RecursionError) as err:
+            why = f"not JSON: {str(err)[:120]}"
+        else:
+            if isinstance(d, dict):
+                self.payload_problems.pop(what, None)
+                return d
+            why = "not a JSON object"
+        if self.payload_problems.get(what) != why:
+            self.payload_problems[what] = why
+            self._log("warning", f"{what}_refused", topic=topic, error=why,
+                      note="the previous reading ages and goes stale")
+        return None
+
+    def cooling_state(self, topic: str, payload: bytes, *, retain: bool, received_mono: float,
+                      wall_ns: int) -> None:
+        """valvey's ``state/<state_thing>`` (supply temperature, setpoint, valve)."""
+        d = self._json_object(topic, payload, "cooling_state")
+        if d is None:
+            return
+        self._cooling = {
+            "supply_temp_c": _num(d, "supply_temp_c"),
+            "setpoint_c": _num(d, "setpoint_c"),
+            "flow_lpm": _num(d, "flow_lpm"),
+            "facility_supply_temp_c": _num(d, "facility_supply_temp_c"),
+            "valve_position_pct": _num(d, "valve_position_pct", "valve_command_pct"),
+        }
+        self._cooling_t = self._arrival(retain, received_mono, wall_ns, d)
+
+    def plant_telemetry(self, topic: str, payload: bytes, *, retain: bool,
+                        received_mono: float, wall_ns: int) -> None:
+        """The plant topic (``cooling.plant_topic``): flow and facility water."""
+        d = self._json_object(topic, payload, "plant_telemetry")
+        if d is not None:
+            self._plant = {"flow_lpm": _num(d, "flow_lpm"),
+                           "facility_supply_temp_c": _num(d, "facility_supply_temp_c")}
+            self._plant_t = self._arrival(retain, received_mono, wall_ns, d)
+
+    def cooling_reading(self) -> CoolingReading | None:
+        """valvey's state (and the plant topic's flow / facility water when valvey's lacks
+        them), stamped with when it arrived (the older of the two when both are used)."""
+        if self._cooling_t is None:
+            return None
+        c = dict(self._cooling)
+        t = self._cooling_t
+        for k in ("flow_lpm", "facility_supply_temp_c"):
+            if c.get(k) is None and self._plant.get(k) is not None and self._plant_t is not None:
+                c[k] = self._plant[k]
+                t = min(t, self._plant_t)  # the reading is as old as its oldest part
+        return CoolingReading(
+            t_mono=t, supply_temp_c=c.get("supply_temp_c"),
+            setpoint_c=c.get("setpoint_c"), flow_lpm=c.get("flow_lpm"),
+            facility_supply_temp_c=c.get("facility_supply_temp_c"),
+            valve_position_pct=c.get("valve_position_pct"),
+        )
+
+    # --- the tick ---------------------------------------------------------------------------
+
+    def step(self, now_mono: float, wall_ns: int,
+             extra_alarms: Mapping[str, bool] | None = None) -> TickEffects:
+        """One tick at monotonic ``now_mono`` (wall clock ``wall_ns``): the core's step on the
+        latest inputs, then its effects. ``extra_alarms``: conditions of alarms the caller
+        owns (the daemon's telemetry-path alarms, kind -> active), updated in the core's bank.
+
+        Raises:
+            ValueError: ``now_mono`` going backwards (a caller bug).
+        """
+        core = self.core
+        eff = TickEffects(logs=self.take_logs())
+        self.ingest.update_gpu_columns()
+        inp = RackyInputs(self.latest, dict(self.ingest.trays), self.ingest.frame,
+                          self.cooling_reading())
+        out = core.step(now_mono, inp, wall_ns)
+        eff.output = out
+        self._commands(out.commands, now_mono, wall_ns, eff)
+        self._expire_pending(now_mono)
+        events = list(out.alarm_events)
+        for aid, cond in (extra_alarms or {}).items():
+            events += core.bank.update(now_mono, aid, [""] if cond else [])
+        self._alarms(events, wall_ns, eff)
+        eff.states.append(("rack_power", core.rack_power_payload(wall_ns)))
+        self._telemetry(now_mono, wall_ns, out, eff)
+        state_due = now_mono >= self._next_state
+        if state_due:
+            self._next_state = now_mono + self.cfg.control.state_interval_s
+            self._state(wall_ns, eff)
+        if core.persist_version != self._saved_version:
+            self._saved_version = core.persist_version
+            eff.save_state = True
+            self._state(wall_ns, eff)
+        eff.validation_result = out.validation_result
+        eff.logs += self.take_logs()
+        return eff
+
+    def command_effects(self, cmds: Sequence[AgentCommand], now_mono: float, wall_ns: int
+                        ) -> TickEffects:
+        """The publishes of agent commands decided outside the tick (a safety verb's, sent at
+        once)."""
+        eff = TickEffects()
+        self._commands(cmds, now_mono, wall_ns, eff)
+        return eff
+
+    def alarm_effects(self, events: Sequence[AlarmEvent], wall_ns: int) -> TickEffects:
+        """The publishes and lines of alarm events raised outside the tick (ack, shelve)."""
+        eff = TickEffects()
+        self._alarms(events, wall_ns, eff)
+        return eff
+
+    def state_effects(self, wall_ns: int) -> TickEffects:
+        """The ``state/rack`` publish now (e.g. at stop)."""
+        eff = TickEffects()
+        self._state(wall_ns, eff)
+        return eff
+
+    def _commands(self, cmds: Sequence[AgentCommand], now_mono: float, wall_ns: int,
+                  eff: TickEffects) -> None:
+        issued = datetime.fromtimestamp(wall_ns / 1e9, UTC)  # wall-clock: envelope
+        issued_at = issued.isoformat().replace("+00:00", "Z")
+        topic = self.topics.command
+        for c in cmds:
+            self._request_n += 1
+            rid = f"racky-{self.started_mono:.0f}-{self._request_n}"[:64]
+            payload = {"request_id": rid, "issued_at": issued_at,
+                       "args": c.wire_args(self.agent_epoch)}
+            self.pending[rid] = (c.trays, now_mono)
+            self.agent_stats["sent"] += 1
+            eff.logs.append(LogRecord("info", "agent_command", {
+                "trays": list(c.trays), "args": c.args, "reason": c.reason,
+                "request_id": rid}))
+            eff.agent_commands.append(AgentPublish(topic, payload, c.trays, c.reason))
+
+    def _expire_pending(self, now_mono: float) -> None:
+        lim = self.cfg.node_agents.reply_timeout_s
+        for rid in [r for r, (_, t) in self.pending.items() if now_mono - t > lim]:
+            del self.pending[rid]
+            self.agent_stats["lost"] += 1
+
+    def _alarms(self, events: Sequence[AlarmEvent], wall_ns: int, eff: TickEffects) -> None:
+        bank = self.core.bank
+        for ev in events:
+            eff.alarm_events.append(ev)
+            eff.logs.append(LogRecord("warning", "alarm", {
+                "alarm": ev.id, "kind": ev.kind, "severity": ev.severity,
+                "message": ev.message}))
+            snap = bank.snapshot(ev.id)
+            if snap is None:
+                eff.alarms.append((ev.id, None))
+            else:
+                eff.alarms.append((ev.id, {
+                    "id": snap.id, "severity": snap.severity, "message": snap.message,
+                    "state": snap.state, "acked": snap.acked, "shelved": snap.shelved,
+                    "runbook": snap.runbook, "value": snap.value, "ts_ns": wall_ns,
+                }))
+            eff.lines.append(Line("alarm", {"alarm": ev.id, "severity": ev.severity}, {
+                "active": 1.0 if snap is not None and snap.state == "active" else 0.0,
+                "severity_code": SEVERITY_CODE.get(ev.severity, 0.0),
+                "event_code": float(EVENT_KINDS.index(ev.kind)),
+            }, wall_ns))
+
+    def _state(self, wall_ns: int, eff: TickEffects) -> None:
+        st = self.core.state()
+        st["ts_ns"] = wall_ns
+        eff.states.append(("rack", st))
+
+    def _telemetry(self, now_mono: float, wall_ns: int, out: CoreOutput, eff: TickEffects
+                   ) -> None:
+        lines = eff.lines
+        for name, samples in self.latest.items():
+            if samples:
+                lines.append(Line("power_shelf", {"device": name},
+                                  sample_fields(samples.values()), wall_ns))
+        lim = out.limit
+        lines.append(Line("rack", {"device": "rack"}, {
+            "rack_power_w": out.rack_power_w, "it_power_w": out.it_power_w,
+            "limit_w": lim.limit_w, "capacity_w": out.shelves.capacity_w,
+            "derate_w": out.derate_w,
+            "caps_total_w": None if np.isnan(out.caps_w).all()
+            else float(np.nansum(out.caps_w)),
+            "min_t_limit_c": out.thermal.min_margin_c
+            if math.isfinite(out.thermal.min_margin_c) else None,
+            "trays_off": float(out.trays_off),
+        }, wall_ns))
+        if now_mono >= self._next_node:
+            self._next_node = now_mono + self.cfg.control.node_telemetry_interval_s
+            for k, r in out.readings.items():
+                cap = out.caps_w[k] if 0 <= k < len(out.caps_w) else math.nan
+                lines.append(Line("node", {"device": f"tray{k:02d}"}, {
+                    "power_w": r.power_w, "powered": 1.0 if r.powered else 0.0,
+                    "cap_w": None if math.isnan(cap) else float(cap),
+                    "enforced_tray_cap_w": r.agent.enforced_tray_cap_w,
+                    "coolant_out_temp_c": r.coolant_out_temp_c
+                    if math.isfinite(r.coolant_out_temp_c) else None,
+                    "hottest_gpu_temp_c": float(np.nanmax(r.gpu_temp_c))
+                    if np.isfinite(r.gpu_temp_c).any() else None,
+                }, wall_ns))
+        lk = out.link_health
+        if lk is not None and now_mono >= self._next_link:
+            self._next_link = now_mono + self.cfg.control.link_telemetry_interval_s
+            figs = lk.port_figures()
+            cols = [(k, v.tolist()) for k, v in figs.items()]
+            for i, name in enumerate(lk.names):
+                lines.append(Line("link", {"port": name}, {
+                    k: (v[i] if math.isfinite(v[i]) else None) for k, v in cols}, wall_ns))
