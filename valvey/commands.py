@@ -67,7 +67,6 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rackplane.core.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
 from rackplane.commands import (
     CommandArgs,
     CommandContext,
@@ -77,6 +76,7 @@ from rackplane.commands import (
     NoArgs,
 )
 from rackplane.commands import main as _schemas_main
+from rackplane.core.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
 from rackplane.errors import CommandError
 from rackplane.log import get_logger
 from rackplane.settings import Role

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rackplane.core.alarms import AlarmDef, AlarmEngine, AlarmEvent
-from rackplane.core.samples import Sample, fresh_value
+from rackplane.core.samples import Sample, fresh_value, slots_constructor
 from rackplane.errors import CommandError
 from valvey.config import CduPoints, ControlSettings, ValveyConfig
 from valvey.core.capacity import CapacityGuard, CapacityStep
@@ -75,7 +75,7 @@ def dew_point_c(temp_c: float, rh_pct: float) -> float:
     return 243.04 * g / (17.625 - g)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CoreOutput:
     """Result of one tick.
 
@@ -86,6 +86,18 @@ class CoreOutput:
         requests: requests to send to racky now (`valvey.core.requests.RackyRequest`).
         events: events to publish (leak tiers, failovers), JSON-ready.
         transitions: state changes of the whole core in this tick (log each once).
+        pump: the pump manager's decision (its speed command [%], duty pump index, winning
+            constraint); None only in outputs built outside `ValveyCore.step`.
+        pump_setpoint: the pump loop's operator setpoint (kPa or L/min, by its mode).
+        cap: the capacity guard's last decision (the rack power cap [W] and capacity
+            estimate [W]); None before its first run (once a second).
+        dew_point_c: the room dew point the selector last used [°C] (None: never known).
+        ff_pct: the dynamic feedforward's last term [%].
+        valve_constraint: what set the facility valve in this tick (a key of
+            `VALVE_CONSTRAINT_CODES`).
+        valve_active_index: index of the facility valve in control (0: A, 1: B).
+        leak_isolation: the rack isolation sequence: open | pending | closing | closed.
+        output_reasserts: valve writes repeated because the read-back disagreed (count).
     """
 
     writes: list[tuple[str, float]]
@@ -94,6 +106,18 @@ class CoreOutput:
     requests: list[RackyRequest] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     transitions: tuple[str, ...] = ()
+    pump: PumpStep | None = None
+    pump_setpoint: float | None = None
+    cap: CapacityStep | None = None
+    dew_point_c: float | None = None
+    ff_pct: float = 0.0
+    valve_constraint: str = "initialising"
+    valve_active_index: int = 0
+    leak_isolation: str = "open"
+    output_reasserts: int = 0
+
+
+_new_core_output = slots_constructor(CoreOutput)  # built on every tick, all fields
 
 
 def alarm_defs(cfg: ValveyConfig, pump_names: list[str], valve_names: list[str],
@@ -526,7 +550,10 @@ class ValveyCore:
         if extra_conditions:
             conditions = {**conditions, **extra_conditions}
         alarm_events = self.alarms.update(now, conditions, values)
-        out = CoreOutput(writes, ls, alarm_events, requests, events, tuple(trans))
+        out = _new_core_output(writes, ls, alarm_events, requests, events, tuple(trans), ps,
+                               self.pumps.setpoint, self._cap, self._dew_point, self._ff_pct,
+                               self.valve_constraint, self.valves.active,
+                               self.safety.leak.isolation, self.reasserts)
         self.last = out
         return out
 
