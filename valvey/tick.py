@@ -28,12 +28,8 @@ from typing import Any, Literal
 from rackplane.core.alarms import AlarmDef, AlarmEvent
 from rackplane.core.samples import Quality, Sample
 from valvey.config import ValveyConfig
-from valvey.core.controller import (
-    PUMP_CONSTRAINT_CODES,
-    VALVE_CONSTRAINT_CODES,
-    CoreOutput,
-    ValveyCore,
-)
+from valvey.core.controller import ValveyCore
+from valvey.core.output import PUMP_CONSTRAINT_CODES, VALVE_CONSTRAINT_CODES, CoreOutput
 from valvey.core.requests import RackyReply, RackyRequest
 from valvey.core.sensors import SensorTopic, parse_sensor_message, resolve_topic
 
