@@ -213,7 +213,10 @@ class CduFace:
             self._sent_last = frozenset(sentinel_points)
         out: list[Sample] = []
         for dec, regs, start, end in blocks:
-            out += dec.decode_words(regs[start:end], ts_ns, now_mono).samples
+            # decode_words reads the block's registers from index 0 (a block at address 0
+            # reads the image itself)
+            out += dec.decode_words(regs if start == 0 else regs[start:end], ts_ns,
+                                    now_mono).samples
         return out
 
     def _outage(self, blackhole: bool, now_mono: float) -> bool | None:

@@ -20,6 +20,7 @@ seam. Nothing here does I/O or reads a clock: times come in as arguments.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -190,9 +191,16 @@ class ValveyTick:
         racky_user = cfg.racky.user or cfg.mqtt.username or "valvey"
         self._racky_base = f"{root}/{ident.site}/{ident.rack}/{cfg.racky.daemon}/cmd/{racky_user}"
         self.racky_reply_topic = f"{self._racky_base}/+/result"
-        self._next_state = 0.0
-        self._next_telemetry = 0.0
-        self._next_pid_telemetry = 0.0
+        self._next_state = -math.inf
+        self._next_telemetry = -math.inf
+        self._next_pid_telemetry = -math.inf
+
+    def reload(self, cfg: ValveyConfig) -> None:
+        """After SIGHUP: the config the tick's telemetry reads (the loop period, the
+        intervals, names). The sensor mapping and topics keep their start-up values (they
+        need a restart, like the MQTT section); the core's loop settings are reloaded by
+        `ValveyCore.reload`."""
+        self.cfg = cfg
 
     @property
     def sensor_topics(self) -> list[str]:

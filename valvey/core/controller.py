@@ -423,7 +423,7 @@ class ValveyCore:
         # alarms
         conditions, values = self._conditions(now, samples, ls, vr, ps, vs.conditions, ss)
         if extra_conditions:
-            conditions = {**conditions, **extra_conditions}
+            conditions.update(extra_conditions)  # a fresh dict of this tick
         alarm_events = self.alarms.update(now, conditions, values)
         out = _new_core_output(writes, ls, alarm_events, requests, events, tuple(trans), ps,
                                self.pumps.setpoint, self._cap, self._dew_point, self._ff_pct,
