@@ -200,16 +200,27 @@ class CduFace:
                     self.regmap.points, "timeout", ts_ns, now_mono)
         encs, blocks = self._all if slow else self._fast
         last = self._last
-        for name, enc, regs, addr, end in encs:
-            v = readings[name]
-            sent = name in sentinel_points if sentinel_points else False
-            if last.get(name) == v and not sent and name not in self._sent_last:
-                continue  # the same value: the same registers
-            last[name] = v
-            words = encode_point(enc, v, sent)
-            if words is not None:
-                regs[addr:end] = words
-        if sentinel_points or self._sent_last:
+        last_get = last.get
+        if not sentinel_points and not self._sent_last:  # the common case
+            for name, enc, regs, addr, end in encs:
+                v = readings[name]
+                if last_get(name) == v:
+                    continue  # the same value: the same registers
+                last[name] = v
+                words = encode_point(enc, v, False)
+                if words is not None:
+                    regs[addr:end] = words
+        else:
+            was = self._sent_last
+            for name, enc, regs, addr, end in encs:
+                v = readings[name]
+                sent = name in sentinel_points
+                if last_get(name) == v and not sent and name not in was:
+                    continue
+                last[name] = v
+                words = encode_point(enc, v, sent)
+                if words is not None:
+                    regs[addr:end] = words
             self._sent_last = frozenset(sentinel_points)
         out: list[Sample] = []
         for dec, regs, start, end in blocks:
