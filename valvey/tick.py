@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from rackplane.core.alarms import AlarmDef, AlarmEvent
-from rackplane.core.samples import Quality, Sample
+from rackplane.core.samples import Quality, Sample, slots_constructor
 from valvey.config import ValveyConfig
 from valvey.core.controller import ValveyCore
 from valvey.core.output import PUMP_CONSTRAINT_CODES, VALVE_CONSTRAINT_CODES, CoreOutput
@@ -79,6 +79,7 @@ MEASUREMENT_OF_POINT = {
 _MODE_CODE = {"initialising": 0.0, "auto": 1.0, "manual": 2.0, "failsafe": 3.0, "shadow": 4.0}
 _SEVERITY_CODE = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}
 _QUALITY_CODE = {q: float(q.code) for q in Quality}
+_QUALITY_FIELD: dict[str, str] = {}  # point -> "<point>_quality" (built once per name)
 _EVENT_KINDS = ["raised", "cleared", "acked", "shelved", "unshelved", "returned"]
 
 FieldValue = float | None
@@ -149,6 +150,9 @@ class TickEffects:
     logs: list[LogRecord] = field(default_factory=list)
     state_published: bool = False
     interlocks: Mapping[str, str] = field(default_factory=dict)
+
+
+_new_effects = slots_constructor(TickEffects)  # TickEffects(...) on every tick, all fields
 
 
 def _iso(wall_ns: int) -> str:
@@ -276,7 +280,7 @@ class ValveyTick:
         """
         core = self.core
         out = core.step(now_mono, self.latest, telemetry_alarm_conditions)
-        fx = TickEffects(out, out.writes, interlocks=core.interlocks())
+        fx = _new_effects(out, out.writes, [], [], [], False, core.interlocks())
         if out.transitions:
             for tr in out.transitions:
                 fx.logs.append(LogRecord("info", "valvey_transition",
@@ -423,6 +427,7 @@ class ValveyTick:
         groups: dict[str, dict[str, FieldValue]] = {}
         measurement_of = MEASUREMENT_OF_POINT.get
         good = Quality.GOOD
+        qnames = _QUALITY_FIELD
         for s in self.latest.values():
             point, q, v = s.point, s.quality, s.value
             f = groups.get(m := measurement_of(point, "cdu"))
@@ -430,7 +435,10 @@ class ValveyTick:
                 f = groups[m] = {}
             if q is good and v is not None and v - v == 0.0:  # Sample.usable
                 f[point] = v
-            f[point + "_quality"] = _QUALITY_CODE[q]
+            qname = qnames.get(point)
+            if qname is None:
+                qname = qnames[point] = point + "_quality"
+            f[qname] = _QUALITY_CODE[q]
         for measurement, fields in groups.items():
             lines.append(TsLine(measurement, {"device": cdu, "loop": "secondary"}, fields,
                                 wall_ns))

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from harness.cdu_face import CduFace, compile_encoder, encode_point
+from harness.cdu_face import CduFace, compile_encoder, compile_fast, encode_point
 from rackplane.core.registers import (
     RegisterMap,
     bundled_register_maps,
@@ -44,14 +44,18 @@ def test_encoder_equals_the_simulator_face_word_for_word(ref: str) -> None:
     rng = random.Random(7)
     for p in regmap.points:
         enc = compile_encoder(p)
+        fast = compile_fast(p)
         lo = p.valid_min if p.valid_min is not None else -1000.0
         hi = p.valid_max if p.valid_max is not None else 1000.0
         values = SPECIAL + [rng.uniform(lo - 10.0, hi + 10.0) for _ in range(300)] + [
-            round(rng.uniform(lo, hi), 2) + 0.005 for _ in range(100)]  # near halves
+            round(rng.uniform(lo, hi), 2) + 0.005 for _ in range(100)] + [
+            round(rng.uniform(lo, hi), 1) + 0.05 for _ in range(100)]  # halves of 0.01, 0.1
         for v in values:
             for sentinel in (False, True):
                 want = _face_registers(regmap, p.name, v, sentinel)
                 got = encode_point(enc, v, sentinel)
+                assert (None if got is None else list(got)) == want, (p.name, v, sentinel)
+                got = fast(v, sentinel)
                 assert (None if got is None else list(got)) == want, (p.name, v, sentinel)
 
 
@@ -80,6 +84,24 @@ def test_poll_gives_the_daemon_decoders_samples() -> None:
     assert by["supply_temp_b_c"].reason == "sentinel"
     fast = face.poll(readings, set(), False, 124, 7.1, False)
     assert fast is not None and "uptime_s" not in {s.point for s in fast}
+    # a sequence with repeated, changing, sentinel and held values: every poll's samples
+    # equal the reference decode of what the face serves at that poll
+    regs_now = {p.name: _face_registers(regmap, p.name, readings[p.name],
+                                        p.name == "supply_temp_b_c") for p in regmap.points}
+    for k in range(60):
+        sent = {"flow_lpm"} if 20 <= k < 30 else set()
+        r = dict(readings)
+        if k % 3 == 0:
+            r["supply_temp_c"] = 45.0 + 0.01 * k
+            r["diff_pressure_kpa"] = -1.0 if k % 9 == 0 else 100.0 + k  # negative: held
+        got = face.poll(r, sent, False, 200 + k, 8.0 + 0.1 * k, True)
+        assert got is not None
+        for p in regmap.points:
+            regs = _face_registers(regmap, p.name, r[p.name], p.name in sent)
+            if regs is not None:
+                regs_now[p.name] = regs
+            want = decoded_sample(p, decode_point(p, regs_now[p.name]), 200 + k, 8.0 + 0.1 * k)
+            assert next(s for s in got if s.point == p.name) == want, (k, p.name)
 
 
 def test_a_blackholed_face_goes_silent_then_stale_then_recovers() -> None:

@@ -683,7 +683,7 @@ class ValveyCore:
             "readback_mismatch": self.readback_mismatch,
             "output_reasserts": self.reasserts,
             "step_test": self.step_test.state(),
-            "alarms": sorted(a.id for a in self.alarms.active()),
+            "alarms": self.alarms.active_ids(),
         }
 
     def states(self, now: float, samples: Mapping[str, Sample]) -> dict[str, dict[str, Any]]:
