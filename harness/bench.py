@@ -12,7 +12,7 @@ comes from the simulators (``harness.benchkids.loadgen``: `sims.row.VirtualRack`
 =====================================  ==========================================================
 figure (``bench.*``)                   how
 =====================================  ==========================================================
-``lockstep.valvey_plant_s_per_s``      plant s per wall s: load-step, valvey's core at 10 Hz,
+``lockstep.valvey_plant_s_per_s``      plant s per wall s: load-step, valvey's tick at 10 Hz,
                                        CDU + rack thermal (`harness.lockstep_valvey.run_valvey`)
 ``lockstep.racky_plant_s_per_s``       rising-crc, the whole rack with its 1,440 link ports and
                                        racky's detectors at 1 Hz (`run_racky`)
@@ -250,7 +250,7 @@ def bench_lockstep(quick: bool, progress: Progress) -> list[Figure]:
                 progress(f"lock-step valvey {model}", (i + 1) / reps)
             figs.append(spread_figure(
                 fname, rates, "plant s/wall s", target, ">=" if target else "info",
-                f"load-step, {plant_s:.0f} plant s, model {model}, plant 10 Hz + valvey core "
+                f"load-step, {plant_s:.0f} plant s, model {model}, plant 10 Hz + valvey tick "
                 "10 Hz"))
         except Exception as err:
             figs += _failed([(fname, "plant s/wall s", target, ">=" if target else "info")],

@@ -1,27 +1,35 @@
-"""Lock-step runs: valvey's pure core stepped together with the plant, no sockets, fake clock.
+"""Lock-step runs: valvey's own tick stepped together with the plant, no sockets, fake clock.
 
 This is where daemons and simulators meet (DESIGN §2: the daemons never import ``sims``).
-Each 10 Hz control tick, valvey's core gets what it would get in the field:
+The harness drives `valvey.tick.ValveyTick`, the class the daemon (valvey/app.py) runs every
+10 Hz tick, and feeds it what the daemon's adapters would deliver:
 
-* **Modbus** (every tick, the daemon's 10 Hz poll): every register-map point valvey reads,
-  at the register's resolution; a NaN reading is BAD (``nan``, or ``sentinel`` for an
-  integer register), a reading outside its valid range OUT_OF_RANGE, a scenario's sentinel
-  fault BAD ``sentinel``, a half-open face STALE: as `rackplane.io.modbus` delivers them;
+* **Modbus** (every tick, the daemon's 10 Hz poll): the plant's readings encoded into the CDU
+  face's registers as the simulator serves them, decoded by the daemon's decoder
+  (`harness.cdu_face.CduFace`: `rackplane.core.registers.BlockDecoder` over the planned
+  read blocks; sentinel faults, NaN, out-of-range and a half-open face as
+  `rackplane.io.modbus` delivers them), handed to `ValveyTick.on_samples`;
 * **MQTT** (once a second, the simulator's and racky's publish rate): the simulator's
   ``sim/telemetry/env`` and ``sim/telemetry/rack`` payloads (`sims.telemetry`) and racky's
-  ``racky/state/rack_power`` (the rack's IT power), parsed by valvey's own
-  `valvey.core.sensors.parse_sensor_message` with the configured topic mapping; a scenario's
-  ``mqtt_stop`` stops a publisher (its samples then go stale in valvey);
-* **racky's replies**: valvey's requests (``power_down_trays``, ``power_down_rack``,
-  ``cap_rack``, ``release_cap``, docs/CONTRACTS.md) go to a *racky seam*, a callable
-  ``(request, plant_time_s) -> RackyReply | None``, and its reply reaches the core on the next
-  tick. The default seam, `SimRacky`, does what racky does with them on the simulator's node
-  agents (docs/SIMULATORS.md §5): trays switched off, per-tray power caps, cap TTL expiry. A
-  later joint harness passes racky's real core here instead.
+  ``racky/state/rack_power`` (the shape `racky.core.controller.RackyCore.rack_power_payload`
+  publishes, with the plant's rack power), through `ValveyTick.on_sensor_message` (the
+  configured topic mapping, the payload parse, retained-message ageing; live messages
+  carry no retain flag); a scenario's ``mqtt_stop`` stops a publisher (its samples then go
+  stale in valvey);
+* **racky's replies**: the tick's request effects (``power_down_trays``, ``power_down_rack``,
+  ``cap_rack``, ``release_cap``, docs/CONTRACTS.md: topic and envelope) go to a *racky
+  seam*, a callable ``(request, plant_time_s) -> RackyReply | None``, and its reply reaches
+  the tick as racky's reply payload (`ValveyTick.on_racky_reply`) on the next tick. The
+  default seam, `SimRacky`, does what racky does with them on the simulator's node agents
+  (docs/SIMULATORS.md §5): trays switched off, per-tray power caps, cap TTL expiry. A later
+  joint harness passes racky's real core here instead.
 
-Then the core's writes go to the plant and the plant advances one tick. Scenarios run with
-the whole virtual rack (``model = "rack"``) by default; alarms start as after a warm start
-(the daemon has been running: the 20 min start-up inhibit is over).
+Then the tick's writes go to the plant and the plant advances one tick. The tick also
+computes its telemetry lines and publishes at their intervals (the telemetry path counts as
+healthy: `rackplane.io.selfmetrics.telemetry_alarm_conditions` of a writer without
+backlog). Scenarios run with the whole virtual rack (``model = "rack"``) by default; alarms
+start as after a warm start (the daemon has been running: the 20 min start-up inhibit is
+over).
 
 `figures` computes issue 4's figures from a run; `report` runs the standard set and prints
 them (``python -m harness.lockstep_valvey report``).
@@ -35,13 +43,16 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal, Protocol
 
+from harness.cdu_face import CduFace
 from harness.figures import Figure, Progress, no_progress
 from rackplane.clock import FakeClock
-from rackplane.core.registers import PointSpec, RegisterMap, load_register_map
-from rackplane.core.samples import SAMPLE_SLOT_SETTERS, Quality, Sample, invalid, make_sample
+from rackplane.core.registers import RegisterMap, load_register_map
+from rackplane.core.topics import Topics
 from rackplane.errors import WriteRejected
+from rackplane.io.selfmetrics import TELEMETRY_ALARMS, telemetry_alarm_conditions
 from rackplane.settings import Identity
 from sims.metrics import step_metrics, valve_activity
 from sims.scenario import FaultRecord, Scenario, ScenarioRun, load_scenario
@@ -49,7 +60,7 @@ from sims.telemetry import env_payload, rack_payload
 from valvey.config import ValveyConfig
 from valvey.core.controller import ValveyCore
 from valvey.core.requests import RackyReply, RackyRequest
-from valvey.core.sensors import parse_sensor_message, resolve_topic
+from valvey.tick import Publish, ValveyTick
 
 __all__ = [
     "LockstepResult",
@@ -221,112 +232,28 @@ class LockstepResult:
         return None
 
 
-_SLOW_SUFFIXES = ("_run_hours_h", "reservoir_level_pct", "filter_diff_pressure_kpa",
-                  "rack_isolation_open", "rack_isolation_closed", "rack_isolation_command",
-                  "leak_rope_detected", "leak_rope_sensor_fault", "heartbeat",
-                  "supply_temp_setpoint_c", "uptime_s")
+_MAPS: dict[tuple[str, int | None], RegisterMap] = {}
 
 
-def _modbus_points(regmap: RegisterMap, slow: bool) -> list[PointSpec]:
-    """The map's points read every tick (``slow`` False) or once a second (True: status and
-    slow process values; a harness economy, the daemon polls them all at 10 Hz: they age up
-    to 1 s, well inside every consumer's stale limit)."""
-    return [p for p in regmap.points if p.name.endswith(_SLOW_SUFFIXES) == slow]
-
-
-@dataclass(frozen=True, slots=True)
-class _Pt:
-    """What the adapter needs of a point to turn a register value into a `Sample`."""
-
-    name: str
-    unit: str
-    res: float | None  # register resolution (None: float register)
-    offset: float
-    vmin: float
-    vmax: float
-    sentinel: bool
-    is_float: bool
-
-    @classmethod
-    def of(cls, p: PointSpec) -> _Pt:
-        f = p.type in ("float32", "float64")
-        return cls(p.name, p.unit, None if f else p.scale, p.offset,
-                   -math.inf if p.valid_min is None else p.valid_min,
-                   math.inf if p.valid_max is None else p.valid_max, bool(p.sentinels), f)
-
-
-def _modbus_sample(p: _Pt, v: float, ts: int, now: float, sentinel: bool) -> Sample:
-    if sentinel and p.sentinel:
-        return invalid(p.name, p.unit, ts, now, Quality.BAD, "sentinel")
-    if v != v or v in (math.inf, -math.inf):
-        reason = "nan" if p.is_float or not p.sentinel else "sentinel"
-        return invalid(p.name, p.unit, ts, now, Quality.BAD, reason)
-    res = p.res
-    if res is not None:
-        v = round((v - p.offset) / res) * res + p.offset
-    if v < p.vmin or v > p.vmax:
-        return make_sample(p.name, v, p.unit, ts, now, Quality.OUT_OF_RANGE, "out_of_range")
-    return make_sample(p.name, v, p.unit, ts, now)
-
-
-_POINTS_CACHE: dict[tuple[str, int | None], tuple[list[_Pt], list[_Pt]]] = {}
-
-
-def _cdu_points(ref: str | Path) -> tuple[list[_Pt], list[_Pt]]:
-    """The fast and slow `_Pt` lists of register map ``ref``
-    (`rackplane.core.registers.load_register_map`), loaded and validated once per file version:
-    a scenario report makes dozens of runs on the same map (~2 ms each to load)."""
+def _register_map(ref: str | Path) -> RegisterMap:
+    """`rackplane.core.registers.load_register_map` of ``ref``, loaded and validated once per
+    file version: a scenario report makes dozens of runs on the same map (~2 ms each)."""
     try:
         stamp: int | None = Path(ref).stat().st_mtime_ns
     except OSError:
         stamp = None  # a bundled map's bare name
     key = (str(ref), stamp)
-    hit = _POINTS_CACHE.get(key)
+    hit = _MAPS.get(key)
     if hit is None:
-        regmap = load_register_map(ref)
-        hit = ([_Pt.of(p) for p in _modbus_points(regmap, slow=False)],
-               [_Pt.of(p) for p in _modbus_points(regmap, slow=True)])
-        _POINTS_CACHE[key] = hit
+        hit = _MAPS[key] = load_register_map(ref)
     return hit
 
 
-_PtRow = tuple[str, str, float | None, float, float, float, bool, _Pt]
+# The telemetry path of a lock-step run is healthy (no spool, no database to fail): the
+# daemon's own function gives the conditions of its telemetry alarms from such a writer.
+_TELEMETRY_OK = telemetry_alarm_conditions(SimpleNamespace(spool_ok=True, depth_lines=0,
+                                                           backoff_s=0.0))
 
-
-def _rows(points: list[_Pt]) -> list[_PtRow]:
-    """The points as flat tuples for the per-tick loop (unpacking beats attribute reads)."""
-    return [(p.name, p.unit, p.res, p.offset, p.vmin, p.vmax, p.sentinel, p) for p in points]
-
-
-def _read_modbus(rows: list[_PtRow], r: Mapping[str, float], ts: int, now: float,
-                 sent: frozenset[str] | set[str], latest: dict[str, Sample]) -> None:
-    """`_modbus_sample` of every row into ``latest``, inlined for the common case (a finite
-    value, no sentinel fault): this runs for ~24 points on every 10 Hz tick."""
-    new = object.__new__
-    s_point, s_value, s_unit, s_ts, s_mono, s_quality, s_reason = SAMPLE_SLOT_SETTERS
-    good = Quality.GOOD
-    for name, unit, res, off, vmin, vmax, has_sentinel, p in rows:
-        v = r[name]
-        if v - v != 0.0 or (has_sentinel and name in sent):  # NaN, ±inf or a sentinel fault
-            latest[name] = _modbus_sample(p, v, ts, now, name in sent)
-            continue
-        if res is not None:
-            v = round((v - off) / res) * res + off
-        if vmin <= v <= vmax:
-            smp = new(Sample)  # make_sample(name, v, unit, ts, now), inlined
-            s_point(smp, name)
-            s_value(smp, v)
-            s_unit(smp, unit)
-            s_ts(smp, ts)
-            s_mono(smp, now)
-            s_quality(smp, good)
-            s_reason(smp, None)
-            latest[name] = smp
-        else:
-            latest[name] = make_sample(name, v, unit, ts, now, _OUT_OF_RANGE, "out_of_range")
-
-
-_OUT_OF_RANGE = Quality.OUT_OF_RANGE
 
 
 _LEAK_FAULTS = ("tray_leak", "cdu_leak", "leak_sensor_fault")
@@ -351,6 +278,21 @@ def _mark_leaks(run: ScenarioRun, t_s: float, marks: dict[str, float]) -> None:
             marks.setdefault(f"tray_off.{k}", t_s)
     if run.plant.truth().rack_isolation_open_pct < 5.0:
         marks.setdefault("isolated", t_s)
+
+
+def _rack_power_payload(rack_power_w: float, ts_ns: int) -> dict[str, Any]:
+    """racky's ``state/rack_power`` (`racky.core.controller.RackyCore.rack_power_payload`'s
+    shape) for the plant's rack power with every shelf reporting."""
+    return {"rack_power_w": rack_power_w, "it_power_w": round(rack_power_w, 1) + 0.0,
+            "shelves_reporting": 8, "shelves_configured": 8, "ts_ns": ts_ns}
+
+
+def _request_of(pub: Publish, now_mono: float) -> RackyRequest:
+    """The request racky receives: the verb of the topic, the envelope's id and args."""
+    assert pub.payload is not None
+    env = pub.payload
+    return RackyRequest(str(env["request_id"]), pub.name, dict(env["args"]), False, now_mono,
+                        pub.name)
 
 
 def run_valvey(
@@ -396,19 +338,15 @@ def run_valvey(
         run, cfg.safety.power_low_w)
     clock = FakeClock()
     start = clock.monotonic() - (3600.0 if warm else 0.0)
-    core = ValveyCore.from_config(cfg, start, request_prefix="lockstep")
-    fast_points, slow_points = _cdu_points(cfg.cdu.register_map)
-    fast_rows = _rows(fast_points)
-    all_rows = _rows(fast_points + slow_points)
+    # the daemon's tick (valvey.tick): the core, the latest samples, message handling, effects
+    tick = ValveyTick(cfg, start, request_prefix="lockstep", extra_alarms=TELEMETRY_ALARMS)
+    core = tick.core
+    face = CduFace(_register_map(cfg.cdu.register_map), cfg.cdu)
     ident = cfg.identity
     root = cfg.mqtt.topic_root
-    by_topic: dict[str, list[Any]] = {}
-    for t in cfg.sensors.topics():
-        by_topic.setdefault(resolve_topic(t.topic, root, ident.site, ident.rack), []).append(t)
-    sim_base = f"{root}/{ident.site}/{ident.rack}/sim/telemetry/"
-    racky_topic = f"{root}/{ident.site}/{ident.rack}/{cfg.racky.daemon}/state/rack_power"
+    sim = Topics(root, ident, "sim")
+    racky_topic = Topics(root, ident, cfg.racky.daemon).state("rack_power")
     sim_ident = Identity(site=ident.site, row=ident.row, rack=ident.rack)
-    latest: dict[str, Sample] = {}
     trace = Trace()
     rejected: list[tuple[float, str, float, str]] = []
     alarms: list[tuple[float, str, str]] = []
@@ -416,7 +354,7 @@ def run_valvey(
     period_cmds: list[float | None] = []
     written_cmds: list[float | None] = []
     last_written: float | None = None
-    replies: list[RackyReply] = []
+    replies: list[tuple[str, dict[str, Any]]] = []
     next_record = 0.0
     next_progress = 0.0
     next_mqtt = 0.0
@@ -428,62 +366,59 @@ def run_valvey(
     n = 0
     sim_racky = seam if isinstance(seam, SimRacky) else None
     end_at = end_s - 1e-9
-    readings, core_step, run_step, advance = plant.readings, core.step, run.step, clock.advance
+    readings, tick_step, run_step, advance = plant.readings, tick.step, run.step, clock.advance
+    on_samples, on_message, poll = tick.on_samples, tick.on_sensor_message, face.poll
     while (t_s := run.t_s) < end_at:
         now = clock.monotonic()
         ts = clock.wall_ns()
-        # --- Modbus: every point valvey reads, as the adapter delivers it ---
+        # --- Modbus: the face's registers through the daemon's decoder ---
         pr = run.protocol
         r = readings()
-        rows = all_rows if t_s >= next_mqtt - 1e-9 else fast_rows
-        if pr.modbus["cdu"].blackhole:
-            for row in rows:
-                name = row[0]
-                old = latest.get(name)
-                if old is not None and old.quality is not Quality.STALE:
-                    latest[name] = old.as_stale("timeout")
-        else:
-            _read_modbus(rows, r, ts, now, pr.sentinel_points, latest)
-        # --- MQTT: the simulator's and racky's publications, once a second ---
-        if t_s >= next_mqtt - 1e-9:
+        mqtt_due = t_s >= next_mqtt - 1e-9
+        samples = poll(r, pr.sentinel_points, pr.modbus["cdu"].blackhole, ts, now, mqtt_due)
+        if samples is not None:
+            on_samples(samples)
+        # --- MQTT: the simulator's and racky's publications, once a second (live messages:
+        # the broker delivers them to a subscriber with the retain flag clear) ---
+        if mqtt_due:
             next_mqtt += 1.0
-            msgs: list[tuple[str, Mapping[str, Any]]] = []
             if run.rack is not None:
                 if pr.publishing("env"):
-                    msgs.append((sim_base + "env", env_payload(run.rack, sim_ident, ts)))
+                    on_message(sim.telemetry("env"), env_payload(run.rack, sim_ident, ts),
+                               retain=False, received_mono=now, wall_ns=ts)
                 if pr.publishing("rack"):
-                    msgs.append((sim_base + "rack", rack_payload(run.rack, sim_ident, ts)))
-            msgs.append((racky_topic, {"rack_power_w": plant.racks[0].power_w,
-                                       "shelves_reporting": 8, "shelves_configured": 8,
-                                       "ts_ns": ts}))
-            for topic, payload in msgs:
-                mapped = by_topic.get(topic)
-                if mapped:
-                    for s in parse_sensor_message(mapped, payload, now, ts):
-                        latest[s.point] = s
-        for reply in replies:
-            core.on_racky_reply(reply, now)
+                    on_message(sim.telemetry("rack"), rack_payload(run.rack, sim_ident, ts),
+                               retain=False, received_mono=now, wall_ns=ts)
+            on_message(racky_topic, _rack_power_payload(plant.racks[0].power_w, ts),
+                       retain=False, received_mono=now, wall_ns=ts)
+        for topic, reply in replies:
+            tick.on_racky_reply(topic, reply, now)
         replies = []
         if sim_racky is not None:
             sim_racky.expire(t_s)
-        # --- the core ---
-        out = core_step(now, latest)
-        for point, value in out.writes:
+        # --- the daemon's tick; its effects go to the plant and the racky seam ---
+        fx = tick_step(now, ts, _TELEMETRY_OK)
+        out = fx.out
+        assert out is not None
+        active_cmd = core.valves.active_unit.command
+        for point, value in fx.writes:
             if point in watched:
                 events.append((t_s, "write", (point, value)))
-            if point == core.valves.active_unit.command or point in (
-                    cfg.points.valve_command, cfg.valves.second_command):
-                last_written = value if point == core.valves.active_unit.command else (
-                    last_written)
+            if point == active_cmd:
+                last_written = value
             try:
                 plant.write(point, value)
             except WriteRejected as err:
                 rejected.append((t_s, point, value, str(err)))
-        for req in out.requests:
-            events.append((t_s, "request", (req.verb, dict(req.args))))
-            rep = seam(req, t_s)
-            if rep is not None:
-                replies.append(rep)
+        for pub in fx.publishes:
+            if pub.kind == "request":
+                req = _request_of(pub, now)
+                events.append((t_s, "request", (req.verb, dict(req.args))))
+                rep = seam(req, t_s)
+                if rep is not None:
+                    replies.append((f"{pub.topic}/result", {
+                        "request_id": rep.request_id, "ok": rep.ok, "error": rep.error,
+                        "state": rep.state}))
         for tr in out.transitions:
             events.append((t_s, "transition", tr))
         for event in out.events:
@@ -503,19 +438,20 @@ def run_valvey(
             trace.valve_command_pct.append(out.loop.command_pct)
             trace.valve_position_pct.append(tr_.valve_position_pct)
             trace.valve_b_position_pct.append(tr_.valve_b_position_pct)
-            trace.ff_pct.append(core.ff.ff_pct)
+            trace.ff_pct.append(out.ff_pct)
             trace.rack_power_w.append(tr_.rack_power_w)
             trace.facility_supply_temp_c.append(tr_.facility_supply_temp_c)
             trace.hottest_gpu_tj_c.append(tr_.hottest_gpu_tj_c)
             trace.throttled_trays.append(tr_.throttled_trays)
             trace.flow_lpm.append(tr_.flow_lpm)
-            trace.pump_speed_cmd_pct.append(core.pumps.speed_command_pct)
+            trace.pump_speed_cmd_pct.append(
+                None if out.pump is None else out.pump.speed_command_pct)
             trace.rack_isolation_open_pct.append(tr_.rack_isolation_open_pct)
             trace.trays_powered.append(
                 int(run.rack.agents.powered.reshape(run.rack.compute.n_trays, -1).all(
                     axis=1).sum()) if run.rack is not None else 0)
             trace.cap_w.append(seam.cap_w if isinstance(seam, SimRacky) else None)
-            trace.constraint.append(core.valve_constraint)
+            trace.constraint.append(out.valve_constraint)
             trace.mode.append(out.loop.mode)
             next_record += record_every_s
         if progress is not None and t_s >= next_progress:

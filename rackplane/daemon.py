@@ -36,12 +36,13 @@ import asyncio
 import contextlib
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Protocol, TypedDict, TypeVar
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
 from rackplane.commands import CommandAudit, CommandRouter, LeaseGate
+from rackplane.core.effects import LogRecord, TsLine
 from rackplane.core.leases import LeaseTable
 from rackplane.errors import ConfigError
 from rackplane.io.mqtt import MqttLink
@@ -253,6 +254,23 @@ class DaemonFrame(ABC, Generic[C]):
         """Apply what of the new config applies at once (commands and log are the frame's)."""
         return ReloadOutcome()
 
+    # --- applying a tick's shared effects (rackplane.core.effects) ------------------------
+
+    def log_records(self, records: Iterable[LogRecord]) -> None:
+        """Emit a tick's log records on the daemon's logger."""
+        for rec in records:
+            getattr(self.log, rec.level)(rec.event, **rec.fields)
+
+    def write_lines(self, lines: Iterable[TsLine]) -> None:
+        """Hand a tick's time-series points to the writer (spooled; never waits)."""
+        write = self.writer.write
+        for line in lines:
+            write(line.measurement, line.tags, line.fields, line.wall_ns)
+
+    def config_reloaded(self) -> None:
+        """After a reload, once ``self.cfg`` is the config now in force (the file's applied
+        sections, the running values of those that need a restart): e.g. hand it to the tick."""
+
     def ready_status(self) -> tuple[str, Mapping[str, Any]]:
         """The ``STATUS=`` text sent with ``READY=1`` and the ``ready`` log line's fields."""
         return f"{self.daemon} running", {}
@@ -375,6 +393,7 @@ class DaemonFrame(ABC, Generic[C]):
             self.log.warning("reload_needs_restart", sections=changed,
                              note="these sections apply only after a restart")
         self.cfg = cfg.model_copy(update={k: getattr(self.cfg, k) for k in changed})
+        self.config_reloaded()
         self.log.info("reloaded", **dict(outcome.fields or {}), applied=list(applied),
                       kept=changed)
         self.notifier.reloaded()

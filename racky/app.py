@@ -34,6 +34,7 @@ from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.core.alarms import AlarmEvent
 from rackplane.core.registers import RegisterMap, load_register_map
 from rackplane.core.samples import Quality, Sample
+from rackplane.core.topics import Topics
 from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask
 from rackplane.errors import ConfigError, MqttError
 from rackplane.io.modbus import ModbusDevice
@@ -45,7 +46,6 @@ from rackplane.io.selfmetrics import (
 )
 from rackplane.io.spool import check_spool_config
 from rackplane.settings import ModbusTargetSettings, effective_spool, environment_checks
-from rackplane.topics import PeerTopics
 from racky.commands import register_racky_commands
 from racky.config import RackyConfig, ShelfPoints, state_path
 from racky.core.alarmbank import kind_of_def
@@ -56,7 +56,7 @@ from racky.core.thermal import CoolingReading
 from racky.core.validation import ValidationResult
 from racky.persist import StateStore
 from racky.report import write_report
-from racky.tick import LogRecord, RackyTick, TickEffects
+from racky.tick import RackyTick, TickEffects
 
 DAEMON = "racky"
 
@@ -179,14 +179,14 @@ class Racky(DaemonFrame[RackyConfig]):
         a = cfg.node_agents
         self.ingest = self.rack_tick.ingest
         root = cfg.mqtt.topic_root
-        self.agent_topics = PeerTopics.of(root, ident, a.daemon)
+        self.agent_topics = Topics(root, ident, a.daemon)
         self.agent_base = self.agent_topics.base
         self.agent_user = cfg.command_user
-        self.mqtt.subscribe(self.agent_topics.telemetry(), self._on_agent_telemetry, qos=0)
+        self.mqtt.subscribe(self.agent_topics.telemetry_filter, self._on_agent_telemetry, qos=0)
         self.mqtt.subscribe(self.agent_topics.cmd_results(self.agent_user), self._on_agent_reply,
                             qos=1)
         c = cfg.cooling
-        self.cooling_topic = PeerTopics.of(root, ident, c.daemon).state(c.state_thing)
+        self.cooling_topic = self.rack_tick.topics.cooling
         self.mqtt.subscribe(self.cooling_topic, self._on_cooling, qos=1)
         if c.plant_topic:
             self.mqtt.subscribe(c.plant_topic, self._on_plant, qos=0)
@@ -228,7 +228,7 @@ class Racky(DaemonFrame[RackyConfig]):
         self.rack_tick.message(msg.topic, msg.payload, retain=msg.retain,
                           received_mono=msg.received_mono or self.clock.monotonic(),
                           wall_ns=self.clock.wall_ns())  # wall-clock: age of a retained value
-        self._log_records(self.rack_tick.take_logs())
+        self.log_records(self.rack_tick.take_logs())
 
     _on_agent_telemetry = _on_agent_reply = _on_cooling = _on_plant = _on_message
 
@@ -236,13 +236,9 @@ class Racky(DaemonFrame[RackyConfig]):
         """The cooling reading the next tick uses (`RackyTick.cooling_reading`)."""
         return self.rack_tick.cooling_reading()
 
-    def _log_records(self, records: list[LogRecord]) -> None:
-        for r in records:
-            getattr(self.log, r.level)(r.event, **r.fields)
-
     def _apply(self, eff: TickEffects) -> None:
         """Apply a tick's effects: logs, agent commands (queued), alarms, states, lines."""
-        self._log_records(eff.logs)
+        self.log_records(eff.logs)
         for c in eff.agent_commands:
             try:
                 task = asyncio.get_running_loop().create_task(
@@ -257,16 +253,14 @@ class Racky(DaemonFrame[RackyConfig]):
             self.mqtt.publish_state(thing, st)
             if thing == "rack":
                 self.mqtt.publish_state("health", self.health())
-        w = self.writer
-        for ln in eff.lines:
-            w.write(ln.measurement, ln.tags, ln.fields, ln.wall_ns)
+        self.write_lines(eff.lines)
 
     # --- node-agent commands ------------------------------------------------------------
 
     def _send_agent_commands(self, cmds: list[AgentCommand]) -> None:
         """Queue ``set_power_limits`` for each command (never raises)."""
         self._apply(self.rack_tick.command_effects(cmds, self.clock.monotonic(),
-                                              self.clock.wall_ns()))
+                                                   self.clock.wall_ns()))
 
     async def _publish(self, topic: str, payload: dict[str, Any]) -> None:
         try:
@@ -296,12 +290,6 @@ class Racky(DaemonFrame[RackyConfig]):
             self._spawn(self._save_state())
         if eff.validation_result is not None:
             self._spawn(self._write_report(eff.validation_result, wall))
-        self.notifier.tick()
-        if not self.first_step_done.is_set():
-            self.first_step_done.set()
-            self.notifier.ready("racky running")
-            self.log.info("ready", shelves=len(self.devices),
-                          lifecycle=self.core.persisted.lifecycle.state)
 
     def pv_age_s(self, now: float) -> float | None:
         """Age of the rack power racky controls on, s: per shelf its newest sample, the

@@ -33,7 +33,9 @@ from typing import Any
 import numpy as np
 
 from rackplane.core.alarms import AlarmEvent
+from rackplane.core.effects import LogRecord, TsLine, alarm_event
 from rackplane.core.samples import Sample
+from rackplane.core.topics import Topics
 from racky.config import RackyConfig
 from racky.core.controller import CoreOutput, RackyCore, RackyInputs
 from racky.core.power import AgentCommand
@@ -41,11 +43,9 @@ from racky.core.telemetry import PayloadError, StaleMessage, TelemetryIngest, de
 from racky.core.thermal import CoolingReading
 from racky.core.validation import ValidationResult
 
-__all__ = ["MAX_INPUT_PAYLOAD_BYTES", "AgentPublish", "Line", "LogRecord", "RackyTick",
+__all__ = ["MAX_INPUT_PAYLOAD_BYTES", "AgentPublish", "RackyTick",
            "TickEffects", "TickTopics", "sample_fields"]
 
-SEVERITY_CODE = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}
-EVENT_KINDS = ["raised", "cleared", "acked", "shelved", "unshelved", "returned"]
 MAX_INPUT_PAYLOAD_BYTES = 1 << 20
 """Largest node-agent / cooling payload racky parses (bytes): a tray message of an NVL72
 tray is ~13 kB; a larger one is refused before it is decoded (parsing tens of MB would stall
@@ -66,25 +66,6 @@ class AgentPublish:
     payload: dict[str, Any]
     trays: tuple[int, ...]
     reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Line:
-    """One telemetry point: the writer merges the identity tags and encodes line protocol."""
-
-    measurement: str
-    tags: dict[str, str]
-    fields: dict[str, float | None]
-    wall_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class LogRecord:
-    """A log event the caller emits (``level``: debug, info, warning, error)."""
-
-    level: str
-    event: str
-    fields: dict[str, Any]
 
 
 @dataclass
@@ -109,7 +90,7 @@ class TickEffects:
     states: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     alarms: list[tuple[str, dict[str, Any] | None]] = field(default_factory=list)
     alarm_events: list[AlarmEvent] = field(default_factory=list)
-    lines: list[Line] = field(default_factory=list)
+    lines: list[TsLine] = field(default_factory=list)
     logs: list[LogRecord] = field(default_factory=list)
     save_state: bool = False
     validation_result: ValidationResult | None = None
@@ -129,12 +110,10 @@ class TickTopics:
     @classmethod
     def of(cls, cfg: RackyConfig) -> TickTopics:
         """From the config (``mqtt.topic_root``, identity, ``node_agents``, ``cooling``)."""
-        ident = cfg.identity
-        root = f"{cfg.mqtt.topic_root}/{ident.site}/{ident.rack}"
-        c = cfg.cooling
-        return cls(f"{root}/{cfg.node_agents.daemon}", cfg.command_user,
-                   cfg.node_agents.tray_thing_prefix, f"{root}/{c.daemon}/state/{c.state_thing}",
-                   c.plant_topic or None)
+        root, ident, c = cfg.mqtt.topic_root, cfg.identity, cfg.cooling
+        agents = Topics(root, ident, cfg.node_agents.daemon)
+        return cls(agents.base, cfg.command_user, cfg.node_agents.tray_thing_prefix,
+                   Topics(root, ident, c.daemon).state(c.state_thing), c.plant_topic or None)
 
     @property
     def command(self) -> str:
@@ -462,23 +441,10 @@ class RackyTick:
         bank = self.core.bank
         for ev in events:
             eff.alarm_events.append(ev)
-            eff.logs.append(LogRecord("warning", "alarm", {
-                "alarm": ev.id, "kind": ev.kind, "severity": ev.severity,
-                "message": ev.message}))
-            snap = bank.snapshot(ev.id)
-            if snap is None:
-                eff.alarms.append((ev.id, None))
-            else:
-                eff.alarms.append((ev.id, {
-                    "id": snap.id, "severity": snap.severity, "message": snap.message,
-                    "state": snap.state, "acked": snap.acked, "shelved": snap.shelved,
-                    "runbook": snap.runbook, "value": snap.value, "ts_ns": wall_ns,
-                }))
-            eff.lines.append(Line("alarm", {"alarm": ev.id, "severity": ev.severity}, {
-                "active": 1.0 if snap is not None and snap.state == "active" else 0.0,
-                "severity_code": SEVERITY_CODE.get(ev.severity, 0.0),
-                "event_code": float(EVENT_KINDS.index(ev.kind)),
-            }, wall_ns))
+            log, payload, line = alarm_event(ev, bank.snapshot(ev.id), wall_ns)
+            eff.logs.append(log)
+            eff.alarms.append((ev.id, payload))
+            eff.lines.append(line)
 
     def _state(self, wall_ns: int, eff: TickEffects) -> None:
         st = self.core.state()
@@ -490,10 +456,10 @@ class RackyTick:
         lines = eff.lines
         for name, samples in self.latest.items():
             if samples:
-                lines.append(Line("power_shelf", {"device": name},
+                lines.append(TsLine("power_shelf", {"device": name},
                                   sample_fields(samples.values()), wall_ns))
         lim = out.limit
-        lines.append(Line("rack", {"device": "rack"}, {
+        lines.append(TsLine("rack", {"device": "rack"}, {
             "rack_power_w": out.rack_power_w, "it_power_w": out.it_power_w,
             "limit_w": lim.limit_w, "capacity_w": out.shelves.capacity_w,
             "derate_w": out.derate_w,
@@ -507,7 +473,7 @@ class RackyTick:
             self._next_node = now_mono + self.cfg.control.node_telemetry_interval_s
             for k, r in out.readings.items():
                 cap = out.caps_w[k] if 0 <= k < len(out.caps_w) else math.nan
-                lines.append(Line("node", {"device": f"tray{k:02d}"}, {
+                lines.append(TsLine("node", {"device": f"tray{k:02d}"}, {
                     "power_w": r.power_w, "powered": 1.0 if r.powered else 0.0,
                     "cap_w": None if math.isnan(cap) else float(cap),
                     "enforced_tray_cap_w": r.agent.enforced_tray_cap_w,
@@ -522,5 +488,5 @@ class RackyTick:
             figs = lk.port_figures()
             cols = [(k, v.tolist()) for k, v in figs.items()]
             for i, name in enumerate(lk.names):
-                lines.append(Line("link", {"port": name}, {
+                lines.append(TsLine("link", {"port": name}, {
                     k: (v[i] if math.isfinite(v[i]) else None) for k, v in cols}, wall_ns))

@@ -19,8 +19,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -40,63 +39,20 @@ from rackplane.io.selfmetrics import (
 from rackplane.io.spool import check_spool_config
 from rackplane.io.statefile import StateFileError
 from rackplane.settings import effective_spool, environment_checks
-from rackplane.topics import PeerTopics
 from valvey.commands import VALVEY_OUTPUTS, register_valvey_commands
 from valvey.config import ValveyConfig, check_points_against_map
-from valvey.core.controller import (
-    PUMP_CONSTRAINT_CODES,
-    VALVE_CONSTRAINT_CODES,
-    CoreOutput,
-    ValveyCore,
-)
-from valvey.core.requests import RackyReply, RackyRequest
-from valvey.core.sensors import SensorTopic, parse_sensor_message, resolve_topic
 from valvey.persist import (
     CommandState,
     apply_command_state,
     open_state_file,
     state_file_path,
 )
-
-DAEMON = "valvey"
+from valvey.tick import MEASUREMENT_OF_POINT, Publish, TickEffects, ValveyTick
 
 __all__ = ["DAEMON", "MEASUREMENT_OF_POINT", "OutputWriter", "Valvey", "load_valvey_config"]
 
-# Time-series measurement of each CDU point (DESIGN §3: measurements name the equipment);
-# points not listed go to ``cdu``.
-MEASUREMENT_OF_POINT = {
-    "supply_temp_c": "coolant_loop",
-    "supply_temp_b_c": "coolant_loop",
-    "supply_temp_c_c": "coolant_loop",
-    "return_temp_c": "coolant_loop",
-    "flow_lpm": "coolant_loop",
-    "diff_pressure_kpa": "coolant_loop",
-    "loop_pressure_kpa": "coolant_loop",
-    "heat_removed_kw": "coolant_loop",
-    "facility_supply_temp_c": "coolant_loop",
-    "valve_position_pct": "valve",
-    "valve_command_pct": "valve",
-    "pump_speed_pct": "pump",
-    "pump_speed_command_pct": "pump",
-    "pump_a_running": "pump",
-    "pump_a_fault": "pump",
-    "pump_a_speed_pct": "pump",
-    "pump_a_run_hours_h": "pump",
-    "pump_b_running": "pump",
-    "pump_b_fault": "pump",
-    "pump_b_speed_pct": "pump",
-    "pump_b_run_hours_h": "pump",
-    "duty_pump_select": "pump",
-    "reservoir_level_pct": "coolant_loop",
-    "filter_diff_pressure_kpa": "coolant_loop",
-    "valve_b_position_pct": "valve",
-    "valve_b_command_pct": "valve",
-    "rack_isolation_open": "valve",
-    "rack_isolation_closed": "valve",
-    "rack_isolation_command": "valve",
-}
-_MODE_CODE = {"initialising": 0.0, "auto": 1.0, "manual": 2.0, "failsafe": 3.0, "shadow": 4.0}
-_SEVERITY_CODE = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}
+DAEMON = "valvey"
+
 
 
 def load_valvey_config(path: str | os.PathLike[str] | None) -> tuple[ValveyConfig, RegisterMap]:
@@ -210,14 +166,17 @@ class Valvey(DaemonFrame[ValveyConfig]):
         clock = self.clock
         self.regmap = regmap
         ident = cfg.identity
-        self.latest: dict[str, Sample] = {}
         # Request ids to racky must not repeat across restarts (racky de-duplicates by id):
         # wall-clock: a per-start unique prefix, never used for timing.
         # The telemetry path's alarms (issue 7) are the daemon's: the core keeps their state,
         # the tick feeds their conditions from the writer's stats.
-        self.core = ValveyCore.from_config(cfg, clock.monotonic(),
-                                           request_prefix=f"valvey-{clock.wall_ns():x}",
-                                           extra_alarms=TELEMETRY_ALARMS)
+        # The tick (valvey.tick) owns the core and the latest samples; the lock-step harness
+        # drives the same class.
+        self.valvey_tick = ValveyTick(cfg, clock.monotonic(),
+                                      request_prefix=f"valvey-{clock.wall_ns():x}",
+                                      extra_alarms=TELEMETRY_ALARMS)
+        self.core = self.valvey_tick.core
+        self.latest = self.valvey_tick.latest
         self.device = ModbusDevice(cfg.cdu, regmap, clock=clock, on_samples=self._on_samples)
         self.outputs = OutputWriter(self.device, cfg.control.write_timeout_s, self.log)
         # The setpoint and loop mode set by command survive a restart (valvey.persist).
@@ -237,22 +196,12 @@ class Valvey(DaemonFrame[ValveyConfig]):
                 router, self.core, on_alarm_events=self._alarms, leases=leases))
         # Sensors over MQTT (room air, leak sensors, racky's rack power: DESIGN §3 "sensor
         # topics are mapped in config") and racky's replies to valvey's requests.
-        root, site, rack = cfg.mqtt.topic_root, ident.site, ident.rack
-        self._sensor_topics: dict[str, list[SensorTopic]] = {}
-        for t in cfg.sensors.topics():
-            self._sensor_topics.setdefault(resolve_topic(t.topic, root, site, rack), []).append(t)
-        for topic in self._sensor_topics:
+        for topic in self.valvey_tick.sensor_topics:
             self.mqtt.subscribe(topic, self._on_sensor_message, qos=0)
         self.racky_user = cfg.racky.user or cfg.mqtt.username or "valvey"
-        self.racky_topics = PeerTopics.of(root, ident, cfg.racky.daemon)
-        self._racky_base = self.racky_topics.cmd_base(self.racky_user)
-        self.mqtt.subscribe(self.racky_topics.cmd_results(self.racky_user), self._on_racky_reply,
-                            qos=1)
+        self.mqtt.subscribe(self.valvey_tick.racky_reply_topic, self._on_racky_reply, qos=1)
         self._request_failing: str | None = None
         self._pending_sends: set[asyncio.Task[None]] = set()
-        self._next_state = 0.0
-        self._next_telemetry = 0.0
-        self._next_pid_telemetry = 0.0
 
     @classmethod
     def load_config(cls, path: str | os.PathLike[str]) -> ValveyConfig:
@@ -262,57 +211,29 @@ class Valvey(DaemonFrame[ValveyConfig]):
     # -- acquisition -----------------------------------------------------------------------
 
     def _on_samples(self, samples: list[Sample]) -> None:
-        for s in samples:
-            self.latest[s.point] = s
+        self.valvey_tick.on_samples(samples)
 
     def _on_sensor_message(self, msg: Message) -> None:
-        """An MQTT sensor message: parsed into samples (a bad payload gives BAD samples with
-        the reason, never a silent drop). A message from the broker's retained store may be
-        old: its age comes from the payload's ``ts_ns`` when it has one, else it counts as
-        stale at once (a dead publisher's last value is never taken as fresh)."""
-        mapped = self._sensor_topics.get(msg.topic)
-        if not mapped:
-            return
-        now = msg.received_mono or self.clock.monotonic()
-        wall = self.clock.wall_ns()  # wall-clock: the samples' time-series timestamp
-        samples = parse_sensor_message(mapped, msg.payload, now, wall)
-        if msg.retain:
-            age = max(t.stale_after_s for t in mapped) + 1.0
-            try:
-                ts = msg.json().get("ts_ns")
-                if isinstance(ts, int) and not isinstance(ts, bool):
-                    age = max(0.0, (wall - ts) / 1e9)  # wall-clock: age of a retained value
-            except (ValueError, AttributeError):
-                pass
-            samples = [replace(smp, t_mono=now - age) for smp in samples]
-        for smp in samples:
-            self.latest[smp.point] = smp
+        """An MQTT sensor message to the tick (`ValveyTick.on_sensor_message`: the mapping,
+        the parse and the ageing of retained values)."""
+        self.valvey_tick.on_sensor_message(
+            msg.topic, msg.payload, retain=msg.retain,
+            received_mono=msg.received_mono or self.clock.monotonic(),
+            wall_ns=self.clock.wall_ns())  # wall-clock: the samples' time-series timestamp
 
     def _on_racky_reply(self, msg: Message) -> None:
         """racky's reply ``{request_id, ok, error, state}`` on ``.../cmd/<user>/<verb>/result``."""
-        try:
-            data = msg.json()
-            reply = RackyReply(str(data["request_id"]), bool(data["ok"]), data.get("error"),
-                               data.get("state"))
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            self.log.warning("racky_reply_unreadable", topic=msg.topic, error=str(err))
-            return
-        self.core.on_racky_reply(reply, self.clock.monotonic())
+        self.log_records(self.valvey_tick.on_racky_reply(msg.topic, msg.payload,
+                                                   self.clock.monotonic()))
 
-    def _send_requests(self, requests: list[RackyRequest]) -> None:
-        """Publish valvey's requests to racky (QoS 1, not retained; rackplane's envelope).
-        The tick never waits: each publish is its own task; a failure is logged once per
-        change (the tracker re-sends without an acknowledgement)."""
+    def _send_requests(self, requests: list[Publish]) -> None:
+        """Publish valvey's requests to racky (QoS 1, not retained; the tick built the
+        envelope and topic). The tick never waits: each publish is its own task; a failure is
+        logged once per change (the tracker re-sends without an acknowledgement)."""
         for req in requests:
-            wall = self.clock.wall_ns()  # wall-clock: the envelope's issued_at
-            issued = datetime.fromtimestamp(wall / 1e9, tz=UTC).isoformat().replace(
-                "+00:00", "Z")
-            env = {"request_id": req.request_id, "issued_at": issued,
-                   "args": req.envelope_args()}
-            self.log.info("racky_request", verb=req.verb, request_id=req.request_id,
-                          safety=req.safety, args=req.envelope_args())
+            assert req.topic is not None and req.payload is not None
             task = asyncio.get_running_loop().create_task(
-                self._publish_request(f"{self._racky_base}/{req.verb}", env, req.verb))
+                self._publish_request(req.topic, dict(req.payload), req.name))
             self._pending_sends.add(task)
             task.add_done_callback(self._pending_sends.discard)
 
@@ -332,45 +253,16 @@ class Valvey(DaemonFrame[ValveyConfig]):
     # -- the tick ----------------------------------------------------------------------------
 
     def _tick(self, now: float) -> None:
-        out = self.core.step(now, self.latest, telemetry_alarm_conditions(self.writer.stats))
-        self.leases.tick(now, self.core.interlocks())
-        for point, value in out.writes:
-            self.outputs.submit(point, value)
-        for tr in out.transitions:
-            self.log.info("valvey_transition", change=tr, pv_status=out.loop.pv_status)
-        for ev in out.events:
-            self.log.warning("valvey_event", **{k: v for k, v in ev.items() if k != "kind"},
-                             event=ev.get("kind"))
-            self.mqtt.publish_telemetry("event", {**ev, "ts_ns": self.clock.wall_ns()})
-            if str(ev.get("kind", "")).endswith("leak") or ev.get("kind") == "isolation":
-                self.mqtt.publish_state("leak", {"last_event": ev, **self.core.safety.state(),
-                                                 "ts_ns": self.clock.wall_ns()})
-        if out.requests:
-            self._send_requests(out.requests)
-        self._alarms(out.alarm_events)
+        fx = self.valvey_tick.step(now, self.clock.wall_ns(),
+                            telemetry_alarm_conditions(self.writer.stats))
+        self.leases.tick(now, dict(fx.interlocks))
+        self._apply(fx)
         self._persist_tick(now)
         self.selfmetrics.tick(now, tick_stats=self.tick_stats, writer=self.writer,
                               mqtt=self.mqtt, commands=self.commands, devices=[self.device],
                               pv_age_s=self.pv_age_s(now))
-        if now >= self._next_pid_telemetry:
-            # Every loop period, whatever the mode: fail-safe, a bad PV and the output the
-            # valve was given must reach the time series too (not only PID updates).
-            self._next_pid_telemetry = now + self.cfg.supply_loop.period_s - 1e-6
-            self._pid_telemetry(out)
-        if now >= self._next_telemetry:
-            self._next_telemetry = now + self.cfg.control.telemetry_interval_s
-            self._cdu_telemetry()
-            self._alarm_snapshot()
-        if now >= self._next_state:
-            self._next_state = now + self.cfg.control.state_interval_s
-            self._publish_state()
-        self.notifier.tick()
-        if not self.first_step_done.is_set():
-            self.first_step_done.set()
-            self.notifier.ready(f"control running, loop {out.loop.mode}")
-            self.log.info(
-                "ready", mode=out.loop.mode, cdu=f"{self.cfg.cdu.host}:{self.cfg.cdu.port}"
-            )
+        if fx.state_published:
+            self.mqtt.publish_state("health", self.health())
 
     def tick(self, now: float) -> None:
         """The frame's tick hook: `_tick` (READY and the watchdog are the frame's)."""
@@ -457,126 +349,37 @@ class Valvey(DaemonFrame[ValveyConfig]):
         their own (``supply_sensor_fault.*``), not PV age."""
         return pv_age_s([self.latest.get(self.cfg.points.supply_temp)], now)
 
-    def _pid_telemetry(self, out: CoreOutput) -> None:
-        self._supply_pid_telemetry(out)
-        core = self.core
-        pl = core.pumps
-        self.writer.write("pid", {"loop": pl.s.mode, "device": self.cfg.cdu.name}, {
-            "setpoint": pl.setpoint,
-            "output_pct": pl.speed_command_pct,
-            "constraint_code": PUMP_CONSTRAINT_CODES.get(core._pump.constraint, -1.0)
-            if core._pump is not None else None,
-            "duty_pump_index": float(pl.duty),
-        })
-        cap = core._cap
-        self.writer.write("cdu", {"device": self.cfg.cdu.name, "loop": "secondary"}, {
-            "valve_active_index": float(core.valves.active),
-            "rack_power_cap_w": None if cap is None else cap.cap_w,
-            "capacity_estimate_w": None if cap is None else cap.capacity_w,
-            "isolated_code": 1.0 if core.safety.leak.isolation in ("closing", "closed")
-            else 0.0,
-        })
-        room: dict[str, float | None] = {}
-        for name in (self.cfg.selector.room_temp, self.cfg.selector.room_rh):
-            smp = self.latest.get(name)
-            room[name] = smp.value if smp is not None and smp.usable else None
-        room["dew_point_c"] = core._dew_point
-        self.writer.write("environment", {"device": "room"}, room)
+    def _apply(self, fx: TickEffects) -> None:
+        """The tick's effects to the adapters: writes to the CDU's owner task, log records,
+        MQTT publishes, time-series lines (never waits)."""
+        for point, value in fx.writes:
+            self.outputs.submit(point, value)
+        self.log_records(fx.logs)
+        requests: list[Publish] = []
+        mqtt = self.mqtt
+        for pub in fx.publishes:
+            if pub.kind == "state":
+                assert pub.payload is not None
+                mqtt.publish_state(pub.name, pub.payload)
+            elif pub.kind == "telemetry":
+                assert pub.payload is not None
+                mqtt.publish_telemetry(pub.name, pub.payload)
+            elif pub.kind == "alarm":
+                mqtt.publish_alarm(pub.name, pub.payload)
+            else:
+                requests.append(pub)
+        if requests:
+            self._send_requests(requests)
+        self.write_lines(fx.lines)
 
-    def _supply_pid_telemetry(self, out: CoreOutput) -> None:
-        ls = out.loop
-        pid = ls.pid
-        fields: dict[str, float | None] = {
-            "process_variable_c": ls.pv_c,
-            "setpoint_c": ls.setpoint_c,
-            "output_pct": ls.command_pct,
-            "p_term_pct": pid.p if pid else None,
-            "i_term_pct": pid.i if pid else None,
-            "d_term_pct": pid.d if pid else None,
-            "ff_term_pct": pid.ff if pid else None,
-            "pv_quality": float(ls.pv_quality.code) if ls.pv_quality else 2.0,
-            "mode_code": _MODE_CODE.get(ls.mode, -1.0),
-            "bad_periods": float(ls.bad_periods),
-            "output_reasserts": float(self.core.reasserts),
-            "constraint_code": VALVE_CONSTRAINT_CODES.get(self.core.valve_constraint, -1.0),
-            "effective_setpoint_c": ls.setpoint_c,
-        }
-        self.writer.write("pid", {"loop": "supply_temp", "device": self.cfg.cdu.name}, fields)
-
-    def _cdu_telemetry(self) -> None:
-        groups: dict[str, list[Sample]] = {}
-        for s in self.latest.values():
-            groups.setdefault(MEASUREMENT_OF_POINT.get(s.point, "cdu"), []).append(s)
-        now_ns = self.clock.wall_ns()  # one line per measurement per interval
-        for measurement, samples in groups.items():
-            self.writer.write_samples(
-                measurement, {"device": self.cfg.cdu.name, "loop": "secondary"}, samples, now_ns
-            )
 
     def _alarms(self, events: list[AlarmEvent]) -> None:
-        if not events:
-            return
-        active = {a.id: a for a in self.core.alarms.active()}
-        for ev in events:
-            self.log.warning(
-                "alarm", alarm=ev.id, kind=ev.kind, severity=ev.severity, message=ev.message
-            )
-            snap = active.get(ev.id)
-            if snap is None:
-                self.mqtt.publish_alarm(ev.id, None)
-            else:
-                self.mqtt.publish_alarm(
-                    ev.id,
-                    {
-                        "id": snap.id,
-                        "severity": snap.severity,
-                        "message": snap.message,
-                        "state": snap.state,
-                        "acked": snap.acked,
-                        "shelved": snap.shelved,
-                        "runbook": snap.runbook,
-                        "value": snap.value,
-                        "ts_ns": self.clock.wall_ns(),  # wall-clock: payload timestamp
-                    },
-                )
-            self.writer.write(
-                "alarm",
-                {"alarm": ev.id, "severity": ev.severity},
-                {
-                    "active": 1.0 if snap is not None and snap.state == "active" else 0.0,
-                    "severity_code": _SEVERITY_CODE.get(ev.severity, 0.0),
-                    "event_code": float(
-                        ["raised", "cleared", "acked", "shelved", "unshelved", "returned"].index(
-                            ev.kind
-                        )
-                    ),
-                },
-            )
-
-    def _alarm_snapshot(self) -> None:
-        """Active alarms into the time series every telemetry interval (a query at any time
-        finds what was active then, not only the raise/clear events)."""
-        for a in self.core.alarms.active():
-            self.writer.write("alarm", {"alarm": a.id, "severity": a.severity}, {
-                "active": 1.0 if a.state == "active" else 0.0,
-                "severity_code": _SEVERITY_CODE.get(a.severity, 0.0),
-                "acked": 1.0 if a.acked else 0.0,
-                "shelved": 1.0 if a.shelved else 0.0,
-            })
+        """Alarm changes outside the tick (an operator's ack or shelve)."""
+        self._apply(self.valvey_tick.alarm_effects(events, self.clock.wall_ns()))
 
     def _publish_state(self) -> None:
-        now = self.clock.monotonic()
-        ts = self.clock.wall_ns()
-        for thing, state in self.core.states(now, self.latest).items():
-            state["ts_ns"] = ts
-            if thing == "supply_loop":
-                state["valve_position_pct"] = self._value(self.cfg.points.valve_position)
-            self.mqtt.publish_state(thing, state)
+        self._apply(self.valvey_tick.state_effects(self.clock.monotonic(), self.clock.wall_ns()))
         self.mqtt.publish_state("health", self.health())
-
-    def _value(self, point: str | None) -> float | None:
-        s = self.latest.get(point) if point else None
-        return s.value if s is not None and s.usable else None
 
     def health(self) -> dict[str, Any]:
         """Self-metrics for the retained ``state/health`` topic."""
@@ -652,6 +455,10 @@ class Valvey(DaemonFrame[ValveyConfig]):
             "sent_lines": w.sent,
             "depth_lines": w.depth_lines,
         }
+
+    def config_reloaded(self) -> None:
+        """The tick's telemetry reads the config now in force."""
+        self.valvey_tick.reload(self.cfg)
 
     def apply_reload(self, cfg: ValveyConfig) -> ReloadOutcome:
         """SIGHUP: loop settings apply without bumping the output; identity, mqtt, tsdb,

@@ -49,6 +49,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from rackplane.config import StrictModel
+from rackplane.core.samples import slots_constructor
 from rackplane.errors import CommandError
 
 Severity = Literal["critical", "major", "minor", "warning"]
@@ -144,6 +145,9 @@ class AlarmSnapshot:
     latch: bool
 
 
+_new_snapshot = slots_constructor(AlarmSnapshot)  # built once per active alarm per query
+
+
 @dataclass(slots=True)
 class _State:
     condition: bool = False
@@ -218,6 +222,10 @@ class AlarmEngine:
         """True while the alarm's start-up inhibit lasts."""
         return now_mono < self._start + self._def(alarm_id).startup_inhibit_s
 
+    def active_ids(self) -> list[str]:
+        """The ids of every alarm that is not normal (those `active` lists), sorted by id."""
+        return sorted(aid for aid, st in self._states.items() if st.phase != "normal")
+
     def active(self) -> list[AlarmSnapshot]:
         """Every alarm that is not normal (shelved ones included, flagged), most severe first,
         then oldest first."""
@@ -227,22 +235,10 @@ class AlarmEngine:
                 continue
             d = self._defs[aid]
             assert st.raised_t is not None
-            out.append(
-                AlarmSnapshot(
-                    id=aid,
-                    severity=d.severity,
-                    message=d.message,
-                    runbook=d.runbook,
-                    state="active" if st.phase == "active" else "returned",
-                    acked=st.acked,
-                    acked_by=st.acked_by,
-                    shelved=st.shelved_until is not None,
-                    shelved_until=st.shelved_until,
-                    raised_t_mono=st.raised_t,
-                    value=st.value,
-                    latch=d.latch,
-                )
-            )
+            out.append(_new_snapshot(  # AlarmSnapshot(id=..., ...), every field in order
+                aid, d.severity, d.message, d.runbook,
+                "active" if st.phase == "active" else "returned", st.acked, st.acked_by,
+                st.shelved_until is not None, st.shelved_until, st.raised_t, st.value, d.latch))
         out.sort(key=lambda s: (_SEVERITY_RANK[s.severity], s.raised_t_mono, s.id))
         return out
 

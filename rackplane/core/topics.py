@@ -110,7 +110,9 @@ def _user_level(user: str) -> str:
 
 
 class Topics:
-    """Topic names of one daemon (DESIGN §3): ``<root>/<site>/<rack>/<daemon>/...``.
+    """Topic names of one daemon (DESIGN §3): ``<root>/<site>/<rack>/<daemon>/...``, built in
+    one place for the daemon itself and for its peers (valvey sends requests to racky's
+    ``cmd/<user>/<verb>``; racky reads valvey's ``state/<thing>`` and commands the node agents).
 
     Args:
         root: topic root (settings.MqttSettings.topic_root), one or more levels, no wildcards.
@@ -152,6 +154,20 @@ class Topics:
     def alarm_filter(self) -> str:
         """``<base>/alarm/+``: every alarm topic of this daemon."""
         return f"{self.base}/alarm/+"
+
+    @property
+    def telemetry_filter(self) -> str:
+        """``<base>/telemetry/+``: every telemetry topic of this daemon (a peer subscribes)."""
+        return f"{self.base}/telemetry/+"
+
+    def cmd_base(self, user: str) -> str:
+        """``<base>/cmd/<user>``: below it, the requests a client named ``user`` sends."""
+        return f"{self._cmd_prefix}{_user_level(user)}"
+
+    def cmd_results(self, user: str) -> str:
+        """``<base>/cmd/<user>/+/result``: the replies to every verb ``user`` sent (a peer
+        sending requests subscribes to it)."""
+        return f"{self.cmd_base(user)}/+/result"
 
     def cmd(self, user: str, verb: str) -> str:
         """``<base>/cmd/<user>/<verb>``: where a client named ``user`` sends ``verb``."""

@@ -2,14 +2,16 @@
 
 The written schema is derived from the daemons' code, never typed here:
 
-- every ``<writer>.write("<measurement>", <tags>, <fields>)`` call in valvey/ and racky/ and
-  in the daemon frame both run on (rackplane/daemon.py) is read with `ast`: the fields are the
-  keys of the dict literal passed (or assigned to the name passed, plus ``name["key"] = ...``
+- every ``<writer>.write("<measurement>", <tags>, <fields>)`` call in valvey/, racky/ and the
+  daemon frame both run on (rackplane/daemon.py), and every ``TsLine("<measurement>", <tags>,
+  <fields>, ...)`` effect of the daemons' ticks, is read with `ast`: the fields are the keys of
+  the dict literal passed (or assigned to the name passed, plus ``name["key"] = ...``
   assignments), of the dict a called method returns (``audit.fields()``), or of the dict a
   comprehension iterates (``lk.port_figures()``);
   tags likewise from the tags argument;
-- ``write_samples`` calls write the register map's points (``<point>`` and
-  ``<point>_quality``): valvey's CDU map split by ``valvey.app.MEASUREMENT_OF_POINT``,
+- ``write_samples`` calls (and valvey's tick's ``TsLine`` with a computed measurement) write
+  the register map's points (``<point>`` and
+  ``<point>_quality``): valvey's CDU map split by ``valvey.tick.MEASUREMENT_OF_POINT``,
   racky's power-shelf map as ``power_shelf``;
 - the self-metrics (`rackplane.io.selfmetrics`) count as written only once a daemon constructs
   ``SelfMetrics``: their fields are the `SelfMetricsSnapshot` dataclass fields.
@@ -132,8 +134,8 @@ def _point_measurements(daemon: str) -> dict[str, set[str]]:
     """What ``write_samples`` writes: register-map points (+ ``_quality``) per measurement."""
     out: dict[str, set[str]] = defaultdict(set)
     if daemon == "valvey":
-        from valvey.app import MEASUREMENT_OF_POINT
         from valvey.config import ValveyConfig
+        from valvey.tick import MEASUREMENT_OF_POINT
 
         for p in load_register_map(ValveyConfig().cdu.register_map).points:
             out[MEASUREMENT_OF_POINT.get(p.name, "cdu")] |= {p.name, f"{p.name}_quality"}
@@ -147,24 +149,29 @@ def _point_measurements(daemon: str) -> dict[str, set[str]]:
 
 def _line_effect(s: Schema, daemon: str, fn: ast.FunctionDef | ast.AsyncFunctionDef,
                  call: ast.Call, path: str) -> None:
-    """What a ``Line(measurement, tags, fields, wall_ns)`` effect writes; fields built by
-    ``sample_fields(...)`` are the register-map points, as ``write_samples`` writes them."""
-    m = call.args[0].value  # type: ignore[attr-defined]
+    """What a ``TsLine(measurement, tags, fields, wall_ns)`` effect writes. Fields built by
+    ``sample_fields(...)``, or a measurement that is not a literal (valvey's CDU points, one
+    line per ``MEASUREMENT_OF_POINT`` measurement), are the register map's points, as
+    ``write_samples`` writes them."""
     where = f"{path}:{call.lineno}"
     tags = _resolve(fn, call.args[1])
+    if tags is None:
+        s.unresolved.append(f"{where} TsLine tags")
     fa = call.args[2]
-    if isinstance(fa, ast.Call) and isinstance(fa.func, ast.Name) and fa.func.id == "sample_fields":
+    literal = isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)
+    from_samples = (isinstance(fa, ast.Call) and isinstance(fa.func, ast.Name)
+                    and fa.func.id == "sample_fields")
+    if not literal or from_samples:
         for meas, pts in _point_measurements(daemon).items():
-            if meas == m or daemon == "valvey":
+            if not literal or meas == call.args[0].value:  # type: ignore[attr-defined]
                 s.fields[meas] |= pts
                 s.tags[meas] |= tags or set()
-    else:
-        fields = _resolve(fn, fa)
-        if fields is None:
-            s.unresolved.append(f"{where} Line({m!r})")
-        s.fields[m] |= fields or set()
-    if tags is None:
-        s.unresolved.append(f"{where} Line({m!r}) tags")
+        return
+    m = str(call.args[0].value)  # type: ignore[attr-defined]
+    fields = _resolve(fn, fa)
+    if fields is None:
+        s.unresolved.append(f"{where} TsLine({m!r})")
+    s.fields[m] |= fields or set()
     s.tags[m] |= tags or set()
 
 
@@ -177,10 +184,8 @@ def written_schema() -> Schema:
             for fn in _functions(tree):
                 for call in ast.walk(fn):
                     if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                            and call.func.id == "Line" and len(call.args) >= 3
-                            and isinstance(call.args[0], ast.Constant)
-                            and isinstance(call.args[0].value, str)):
-                        # a tick's telemetry effect: Line(measurement, tags, fields, wall_ns)
+                            and call.func.id == "TsLine" and len(call.args) >= 3):
+                        # a tick's telemetry effect: TsLine(measurement, tags, fields, wall_ns)
                         _line_effect(s, daemon, fn, call, f"{path.relative_to(ROOT)}")
                         continue
                     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
@@ -188,6 +193,27 @@ def written_schema() -> Schema:
                     if isinstance(call.func, ast.Attribute) and call.func.attr == "SelfMetrics":
                         uses_selfmetrics = True
                     where = f"{path.relative_to(ROOT)}:{call.lineno}"
+                    if isinstance(call.func, ast.Name) and call.func.id == "TsLine":
+                        # valvey.tick's time-series effects: TsLine(measurement, tags, fields,
+                        # wall_ns); a measurement that is not a literal is the CDU points'
+                        # (one line per MEASUREMENT_OF_POINT measurement, like write_samples)
+                        tags = _resolve(fn, call.args[1])
+                        if tags is None:
+                            s.unresolved.append(f"{where} TsLine tags")
+                        if isinstance(call.args[0], ast.Constant):
+                            m = str(call.args[0].value)
+                            fields = _resolve(fn, call.args[2])
+                            if fields is None:
+                                s.unresolved.append(f"{where} TsLine({m!r})")
+                            s.fields[m] |= fields or set()
+                            s.tags[m] |= tags or set()
+                        else:
+                            for m, pts in _point_measurements(daemon).items():
+                                s.fields[m] |= pts
+                                s.tags[m] |= tags or set()
+                        continue
+                    if not isinstance(call.func, ast.Attribute):
+                        continue
                     if call.func.attr == "write" and len(call.args) >= 3 and isinstance(
                         call.args[0], ast.Constant
                     ) and isinstance(call.args[0].value, str):

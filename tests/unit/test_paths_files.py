@@ -1,5 +1,5 @@
 """The one state-directory resolver (rackplane.paths), the one atomic writer
-(rackplane.io.files) and the peer topic builder (rackplane.topics)."""
+(rackplane.io.files) and the peer topic builder (rackplane.core.topics)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rackplane.core.topics import Topics
 from rackplane.io.files import move_aside, write_atomic
 from rackplane.paths import (
     in_state_directory,
@@ -16,7 +17,6 @@ from rackplane.paths import (
     state_directory,
 )
 from rackplane.settings import Identity
-from rackplane.topics import PeerTopics
 
 
 def test_state_directory_resolution() -> None:
@@ -60,9 +60,9 @@ def test_move_aside(tmp_path: Path) -> None:
 
 
 def test_peer_topics() -> None:
-    t = PeerTopics.of("rackplane", Identity(site="lab", rack="r1"), "racky")
+    t = Topics("rackplane", Identity(site="lab", rack="r1"), "racky")
     assert t.base == "rackplane/lab/r1/racky"
     assert t.state("supply_loop") == "rackplane/lab/r1/racky/state/supply_loop"
-    assert t.telemetry() == "rackplane/lab/r1/racky/telemetry/+"
+    assert t.telemetry_filter == "rackplane/lab/r1/racky/telemetry/+"
     assert t.cmd("valvey", "set_cap") == "rackplane/lab/r1/racky/cmd/valvey/set_cap"
     assert t.cmd_results("valvey") == "rackplane/lab/r1/racky/cmd/valvey/+/result"

@@ -27,149 +27,48 @@ sends nothing (the would-be writes and requests are kept in the state for commis
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from rackplane.core.alarms import AlarmDef, AlarmEngine, AlarmEvent
-from rackplane.core.samples import Sample, fresh_value
+from rackplane.core.alarms import AlarmDef, AlarmEngine
+from rackplane.core.samples import Sample, fresh_value, slots_constructor
 from rackplane.errors import CommandError
 from valvey.config import CduPoints, ControlSettings, ValveyConfig
+from valvey.core.alarm_defs import alarm_defs
 from valvey.core.capacity import CapacityGuard, CapacityStep
 from valvey.core.feedforward import DynamicFeedforward
+from valvey.core.output import (
+    PUMP_CONSTRAINT_CODES,
+    VALVE_CONSTRAINT_CODES,
+    CoreOutput,
+    dew_point_c,
+)
 from valvey.core.pumps import PumpManager, PumpStep
-from valvey.core.requests import RackyReply, RackyRequest, RequestTracker
+from valvey.core.requests import RackyReply, RequestTracker
 from valvey.core.safety import Safety, SafetyStep
 from valvey.core.sensors import SupplyVoter, VoterResult
 from valvey.core.step_test import StepTest
-from valvey.core.supply_loop import LoopStep, SupplyLoop, SupplyLoopSettings, default_alarm_defs
+from valvey.core.supply_loop import LoopStep, SupplyLoop, SupplyLoopSettings
 from valvey.core.valves import ValveManager, ValveUnit
+
+__all__ = [
+    "HEARTBEAT_MODULUS",
+    "PUMP_CONSTRAINT_CODES",
+    "SLOW_TICKS",
+    "VALVE_CONSTRAINT_CODES",
+    "CoreOutput",
+    "ValveyCore",
+    "alarm_defs",
+    "dew_point_c",
+]
 
 HEARTBEAT_MODULUS = 65536  # a uint16 register
 SLOW_TICKS = 5
 """Safety (leaks, interlocks) runs every 5th 10 Hz tick (0.5 s)."""
 _SENSOR_FAULTY = frozenset(("bad", "frozen", "disagree", "drift", "out_of_range"))
 
-#: Numeric codes of the winning constraint (time series: string fields do not survive every
-#: store, DESIGN §3).
-VALVE_CONSTRAINT_CODES = {"supply_temp": 0.0, "dew_point_floor": 1.0, "interlock": 2.0,
-                          "failsafe": 3.0, "manual": 4.0, "step_test": 5.0,
-                          "initialising": 6.0, "isolated": 7.0}
-PUMP_CONSTRAINT_CODES = {"diff_pressure": 0.0, "flow": 0.0, "max_pressure": 1.0,
-                         "min_speed": 2.0, "max_speed": 3.0, "handoff": 4.0, "isolated": 5.0,
-                         "failsafe": 6.0, "manual": 7.0, "initialising": 8.0}
-
-
-def dew_point_c(temp_c: float, rh_pct: float) -> float:
-    """Dew point [°C]: Magnus form, Alduchov & Eskridge (1996) coefficients (a = 17.625,
-    b = 243.04 °C), as the simulator's room model (docs/SIMULATORS.md).
-
-    Raises:
-        ValueError: RH outside (0, 100] or temperature outside −45…60 °C.
-    """
-    if not (0.0 < rh_pct <= 100.0) or not (-45.0 <= temp_c <= 60.0):
-        raise ValueError(f"no dew point for {temp_c} °C / {rh_pct} %RH")
-    g = math.log(rh_pct / 100.0) + 17.625 * temp_c / (243.04 + temp_c)
-    return 243.04 * g / (17.625 - g)
-
-
-@dataclass(frozen=True)
-class CoreOutput:
-    """Result of one tick.
-
-    Attributes:
-        writes: ``(point, value)`` pairs to write to the CDU now, in order.
-        loop: the supply loop's decision.
-        alarm_events: alarm changes in this tick (log, publish, write each once).
-        requests: requests to send to racky now (`valvey.core.requests.RackyRequest`).
-        events: events to publish (leak tiers, failovers), JSON-ready.
-        transitions: state changes of the whole core in this tick (log each once).
-    """
-
-    writes: list[tuple[str, float]]
-    loop: LoopStep
-    alarm_events: list[AlarmEvent] = field(default_factory=list)
-    requests: list[RackyRequest] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    transitions: tuple[str, ...] = ()
-
-
-def alarm_defs(cfg: ValveyConfig, pump_names: list[str], valve_names: list[str],
-               sensor_points: list[str]) -> list[AlarmDef]:
-    """Every alarm valvey raises (docs/RUNBOOK.md has one entry per id)."""
-    def d(aid: str, severity: str, message: str, **kw: Any) -> AlarmDef:
-        return AlarmDef(id=aid, severity=severity, message=message,
-                        runbook=f"valvey.{aid.split('.')[0]}", **kw)
-
-    out = list(default_alarm_defs())
-    for p in sensor_points:
-        out.append(d(f"supply_sensor_fault.{p}", "major",
-                     f"Supply sensor {p} dropped from the vote (bad, frozen, disagreeing or "
-                     "drifting)", latch=True))
-    out += [
-        d("feedforward_source_lost", "minor",
-          "Feedforward's primary source (feedforward.source) is stale: feedforward on the "
-          "CDU's heat figure or off",
-          on_delay_s=10.0),
-        d("dew_point_floor_active", "warning",
-          "Supply setpoint raised to dew point + margin (condensation risk)"),
-        d("room_sensors_stale", "warning", "Room temperature/humidity readings stale",
-          on_delay_s=10.0),
-        d("cdu_local_control", "major",
-          "CDU runs its own local control (it lost valvey's heartbeat)", on_delay_s=2.0),
-    ]
-    for n in pump_names:
-        out.append(d(f"pump_{n}_fault", "major", f"Pump {n.upper()} failed or faulted",
-                     latch=True))
-    out += [
-        d("pump_failover", "major", "Duty pump failed: the standby took over", latch=True),
-        d("pump_redundancy_lost", "major", "Fewer than two healthy pumps (N+1 lost)"),
-        d("pump_no_standby", "critical", "Duty pump failed and no standby is available"),
-        d("pump_loop_failsafe", "critical",
-          "Pump speed loop in fail-safe: its measurement is lost", latch=True),
-        d("pump_loop_pv_invalid", "major", "Differential pressure / flow measurement invalid",
-          on_delay_s=2.0),
-        d("loop_pressure_high", "warning",
-          "Maximum-pressure override limits the pump speed", on_delay_s=5.0),
-    ]
-    for n in valve_names:
-        out.append(d(f"valve_{n}_fault", "critical",
-                     f"Facility valve {n.upper()} does not follow its command (stuck)",
-                     latch=True))
-    out += [
-        d("valve_failover", "major", "Control moved to the second facility valve"),
-        d("valve_no_spare", "critical",
-          "Facility valve failed and no second valve can take over: rack capped"),
-        d("valve_hunting", "warning",
-          "Facility valve active more than 20 % of the time over the last hour "
-          "(REFERENCE §1.5)", on_delay_s=300.0),
-        d("leak_tray", "critical", "Leak sensor wet on a compute tray: tray powered down"),
-        d("leak_rack", "critical",
-          "Rack-level leak (several trays, drip pan or CDU rope): rack powered down and "
-          "isolated", latch=True),
-        d("rack_isolated", "critical", "Rack liquid isolation valves closed", latch=True),
-        d("leak_sensor_fault", "major", "Leak sensor fault (open wire): no isolation on it"),
-        d("leak_sensor_unavailable", "major", "Leak sensor readings stale or missing",
-          on_delay_s=10.0),
-        d("supply_temp_high_interlock", "critical",
-          "Over-temperature interlock: valves forced open, rack capped", latch=True),
-        d("flow_low_interlock", "critical", "Coolant flow below 50 % of design: rack capped"),
-        d("no_flow_power_down", "critical", "No coolant flow: rack power-down requested",
-          latch=True),
-        d("flow_low", "warning", "Coolant flow below 90 % of design for 100 s (Vertiv)"),
-        d("supply_temp_rising", "major",
-          "Supply temperature rising > 0.2 K/s for 5 s: loss of heat rejection?"),
-        d("coolant_inventory_loss", "major", "Reservoir level falling: coolant leaving the loop",
-          on_delay_s=30.0),
-        d("reservoir_level_low", "major", "Reservoir level low", on_delay_s=10.0),
-        d("filter_dp_high", "warning", "Filter differential pressure high (dirty filter)",
-          on_delay_s=60.0),
-        d("rack_power_capped", "major", "valvey asked racky to cap the rack (cooling limited)"),
-        d("racky_request_unanswered", "major", "A request to racky is not acknowledged"),
-    ]
-    return out
+_new_core_output = slots_constructor(CoreOutput)  # built on every tick, all fields
 
 
 class ValveyCore:
@@ -524,9 +423,12 @@ class ValveyCore:
         # alarms
         conditions, values = self._conditions(now, samples, ls, vr, ps, vs.conditions, ss)
         if extra_conditions:
-            conditions = {**conditions, **extra_conditions}
+            conditions.update(extra_conditions)  # a fresh dict of this tick
         alarm_events = self.alarms.update(now, conditions, values)
-        out = CoreOutput(writes, ls, alarm_events, requests, events, tuple(trans))
+        out = _new_core_output(writes, ls, alarm_events, requests, events, tuple(trans), ps,
+                               self.pumps.setpoint, self._cap, self._dew_point, self._ff_pct,
+                               self.valve_constraint, self.valves.active,
+                               self.safety.leak.isolation, self.reasserts)
         self.last = out
         return out
 
@@ -781,7 +683,7 @@ class ValveyCore:
             "readback_mismatch": self.readback_mismatch,
             "output_reasserts": self.reasserts,
             "step_test": self.step_test.state(),
-            "alarms": sorted(a.id for a in self.alarms.active()),
+            "alarms": self.alarms.active_ids(),
         }
 
     def states(self, now: float, samples: Mapping[str, Sample]) -> dict[str, dict[str, Any]]:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from rackplane.clock import Clock
+from rackplane.core.polling import all_stale, mark_stale
 from rackplane.core.registers import (
     ReadBlock,
     ReadMemory,
@@ -544,7 +545,8 @@ class ModbusDevice(_PymodbusClient):
                     self._mark(out, block.points, Quality.BAD, exc.reason)
                 elif exc.code == 6:
                     clean = False
-                    self._mark(out, block.points, Quality.STALE, exc.reason)
+                    mark_stale(out, block.points, exc.reason, self._clock.wall_ns(),
+                               self._clock.monotonic())
                 elif exc.code in _GATEWAY_CODES:
                     failure = _Failure(exc, exc.reason, drop_connection=False)
                     break
@@ -598,21 +600,21 @@ class ModbusDevice(_PymodbusClient):
         if len(out) < len(self._point_names):  # points no reply covered: STALE
             reason = failure.reason if failure is not None else "stale"
             rest = [p for p in self.regmap.points if p.name not in out]
-            self._mark(out, rest, Quality.STALE, reason)
+            mark_stale(out, rest, reason, self._clock.wall_ns(), self._clock.monotonic())
         return [out[name] for name in self._point_names]
 
     def _mark(
         self, out: dict[str, Sample], points: Any, quality: Quality, reason: str
     ) -> None:
+        """BAD samples for ``points`` (STALE ones come from `rackplane.core.polling`)."""
         ts_ns = self._clock.wall_ns()
         t_mono = self._clock.monotonic()
         for p in points:
             out[p.name] = invalid(p.name, p.unit, ts_ns, t_mono, quality, reason)
 
     def _all_stale(self, reason: str) -> list[Sample]:
-        out: dict[str, Sample] = {}
-        self._mark(out, self.regmap.points, Quality.STALE, reason)
-        return [out[p.name] for p in self.regmap.points]
+        return all_stale(self.regmap.points, reason, self._clock.wall_ns(),
+                         self._clock.monotonic())
 
     def _mark_reachable(self) -> None:
         if not self.stats.available:
