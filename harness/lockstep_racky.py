@@ -18,7 +18,7 @@ Usage::
     r = run_racky("training-swings", cfg, fine_trace=True)  # 0.1 s rack power (S2 figures)
     res = run_validation("rack", out_dir=Path("report"))    # burn-in, judged, report written
 
-``python -m harness.lockstep_racky run SCENARIO | validate --stage rack --out DIR | figures``
+``rackctl lockstep --daemon racky run SCENARIO | validate --stage rack --out DIR``
 (docs/RACKY.md).
 """
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -486,10 +485,10 @@ def _summary(r: RackyLockstepResult) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m harness.lockstep_racky run SCENARIO [--duration S] [--plant-dt S]`` |
+    """``rackctl lockstep --daemon racky run SCENARIO [--duration S] [--plant-dt S]`` |
     ``validate --stage node|rack|multi-rack --out DIR [--trays 0,1] [--load-s S]
     [--backend-s S] [--racks N]``."""
-    ap = argparse.ArgumentParser(prog="python -m harness.lockstep_racky")
+    ap = argparse.ArgumentParser(prog="rackctl lockstep --daemon racky")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a scenario with racky's core in lock-step")
     r.add_argument("scenario")
@@ -517,9 +516,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {'pass' if c.passed else 'FAIL'}  {c.name}: {c.measured} ({c.limit})")
     return 0 if verdict.passed else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 # --- the scenario figures of issue 5 --------------------------------------------------------------

@@ -32,7 +32,7 @@ start as after a warm start (the daemon has been running: the 20 min start-up in
 over).
 
 `figures` computes issue 4's figures from a run; `report` runs the standard set and prints
-them (``python -m harness.lockstep_valvey report``).
+them (`report`; ``rackctl scenarios`` runs the full scenario report).
 """
 
 from __future__ import annotations
@@ -694,23 +694,6 @@ def leak_figures(res: LockstepResult) -> dict[str, Any]:
     out["why_rack"] = rack_ev[0].get("reason") if rack_ev else None
     out["alarms"] = sorted({a for _, a in res.alarms_raised()})
     return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m harness.lockstep_valvey report [--seeds N]``: print issue 4's figures."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] != "report":
-        print("usage: python -m harness.lockstep_valvey report [--seeds N]", file=sys.stderr)
-        return 2
-    seeds = 10
-    if "--seeds" in args:
-        seeds = int(args[args.index("--seeds") + 1])
-    report(seeds)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 # --- the scenario report: issue 4's figure table ------------------------------------------------

@@ -61,8 +61,7 @@ Every handler validates before it mutates (the `SupplyLoop` and `AlarmEngine` me
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -75,7 +74,6 @@ from rackplane.commands import (
     LeaseGate,
     NoArgs,
 )
-from rackplane.commands import main as _schemas_main
 from rackplane.core.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
 from rackplane.errors import CommandError
 from rackplane.log import get_logger
@@ -654,13 +652,3 @@ def valvey_contract() -> DaemonContract:
         "valvey", dict(_VERBS), dict(VALVEY_STATES),
         "The cooling controller (valvey/commands.py).",
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m valvey.commands --write-schemas | --check-schemas``: the envelope, reply
-    and valvey's verbs' args schemas in ``rackplane/schemas``."""
-    return _schemas_main(argv, verb_args={"valvey": valvey_verb_args()})
-
-
-if __name__ == "__main__":
-    sys.exit(main())

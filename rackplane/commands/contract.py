@@ -5,9 +5,7 @@ daemon's verbs (``rackplane/schemas``, written by `rackplane.schemagen`) and doc
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -350,27 +348,3 @@ def load_schema(name: str) -> dict[str, Any]:
     doc = json.loads(text)
     assert isinstance(doc, dict)
     return doc
-
-
-def main(argv: Sequence[str] | None = None, verb_args: VerbArgs | None = None) -> int:
-    """Deprecated: only ``valvey.commands.main`` still calls it (the lead removes that); use
-    ``rackctl schemas --write | --check`` (every daemon, the simulators, docs/COMMANDS.md).
-
-    ``--write-schemas | --check-schemas [--dir DIR]`` on the generic schemas plus
-    ``verb_args``; exit 1 when ``--check-schemas`` finds stale files, 2 without a flag."""
-    ap = argparse.ArgumentParser(prog="rackctl schemas")
-    ap.add_argument("--write-schemas", action="store_true", help="(re)write the schema files")
-    ap.add_argument("--check-schemas", action="store_true", help="exit 1 if any is stale")
-    ap.add_argument("--dir", type=Path, default=SCHEMA_DIR, help="default: %(default)s")
-    ns = ap.parse_args(argv)
-    if ns.write_schemas:
-        for p in write_schemas(ns.dir, verb_args):
-            print(f"wrote {p}")
-        return 0
-    if ns.check_schemas:
-        stale = stale_schemas(ns.dir, verb_args)
-        for name in stale:
-            print(f"stale: {name}", file=sys.stderr)
-        return 1 if stale else 0
-    ap.print_help()
-    return 2

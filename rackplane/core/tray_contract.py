@@ -19,8 +19,8 @@ refused (it is a mistake, not an extension). Wrong types and missing required fi
 refused whatever the version.
 
 These models are the one definition of the payload: the simulator validates against them, the
-``sim.telemetry.tray`` JSON Schema is generated from them (``python -m sims.telemetry
---write-schemas``), and racky keeps the agent block as an `AgentStruct`. racky does not run
+``sim.telemetry.tray`` JSON Schema is generated from them (``rackctl schemas
+--write``), and racky keeps the agent block as an `AgentStruct`. racky does not run
 pydantic per message (a 13 kB message every few ms): it decodes and type-checks with msgspec
 Structs generated from these models (`decode_tray`, `convert_tray`: one definition, the
 Structs cannot drift), refuses a payload whole naming the key path, and additionally refuses

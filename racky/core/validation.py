@@ -4,7 +4,7 @@ A `ValidationRun` is a plan of phases (``load``: every GPU of the tested trays a
 power; ``backend``: NVLink paths disabled so the collective traffic goes over the NICs) and a
 recorder of one `ValidationSample` per tick (the same figures racky computes for its alarms).
 Who drives the burn-in is outside racky: in lock-step the runner applies the phases to the
-simulator (``python -m harness.lockstep_racky validate``); on a live rack a burn-in tool does
+simulator (``rackctl lockstep --daemon racky validate``); on a live rack a burn-in tool does
 it (NCCL tests with P2P/NVLS disabled for the backend phase) while racky records and judges
 (``start_validation``). The same criteria apply either way:
 
