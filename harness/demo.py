@@ -40,6 +40,22 @@ from rackplane.settings import Identity, MqttSettings
 from sims.metrics import StepMetrics, step_metrics
 from sims.scenario import Scenario, load_scenario
 
+__all__ = [
+    "BAND_K",
+    "EXPECTED_DEMO_ALARMS",
+    "FF_SOURCE_NAMES",
+    "SPARK",
+    "DemoSummary",
+    "Recorder",
+    "control_mode_from_states",
+    "count_spooled",
+    "print_summary",
+    "run_demo",
+    "summarise",
+    "summary_markdown",
+    "write_plot",
+]
+
 BAND_K = 0.5  # REFERENCE §5 S1: back within ±0.5 K
 SPARK = "▁▂▃▄▅▆▇█"
 

@@ -24,6 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "Mosquitto",
+    "ServerMissing",
+    "ServerProcess",
+    "VictoriaMetrics",
+    "free_port",
+    "mosquitto_config",
+    "require_binary",
+    "start_mosquitto",
+    "start_victoria",
+    "wait_port",
+]
+
 
 def free_port() -> int:
     """A currently free TCP port on 127.0.0.1."""

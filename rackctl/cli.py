@@ -26,6 +26,24 @@ from rackplane.errors import ConfigError, MqttError, SpoolError
 from rackplane.log import configure_logging
 from rackplane.settings import TsdbSettings
 
+__all__ = [
+    "EXIT_NO_BROKER",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_USAGE",
+    "bench",
+    "cmd",
+    "daemon_contracts",
+    "demo",
+    "lockstep",
+    "main",
+    "replay",
+    "scenarios",
+    "schemas",
+    "shipped_schema_sets",
+    "watch",
+]
+
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 
 EXIT_OK = 0

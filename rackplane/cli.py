@@ -20,6 +20,18 @@ from rackplane.core.samples import Sample
 from rackplane.errors import ConfigError
 from rackplane.log import configure_logging
 
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_OK",
+    "EXIT_RUNTIME",
+    "LogFormat",
+    "LogLevel",
+    "fail_config",
+    "run_async",
+    "samples_table",
+    "setup_logging",
+]
+
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+__all__ = ["SYSTEM_CLOCK", "Clock", "FakeClock", "SystemClock"]
+
 
 class Clock(Protocol):
     """A source of monotonic seconds (control) and wall-clock ns (timestamps)."""

@@ -24,6 +24,21 @@ from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, fie
 from rackplane.errors import ConfigError
 from rackplane.paths import is_in_state_directory
 
+__all__ = [
+    "M",
+    "StrictModel",
+    "check_environment",
+    "check_state_file_dir",
+    "check_writable_dir",
+    "example_toml",
+    "format_validation_error",
+    "load_config",
+    "read_toml",
+    "secret_from_env",
+    "toml_value",
+    "validate_data",
+]
+
 
 def _strict_problem(annotation: Any, value: Any) -> str | None:
     """Why ``value`` may not fill a field typed ``annotation`` (None: no objection).

@@ -4,6 +4,22 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+__all__ = [
+    "CommandError",
+    "ConfigError",
+    "ModbusConnectionError",
+    "ModbusDecodeError",
+    "ModbusError",
+    "ModbusExceptionResponse",
+    "ModbusTimeout",
+    "MqttError",
+    "RackplaneError",
+    "SpoolError",
+    "TsdbError",
+    "TsdbRejected",
+    "WriteRejected",
+]
+
 
 class RackplaneError(Exception):
     """Base of every error this project raises on purpose."""

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import structlog
 
+__all__ = ["configure_logging", "get_logger"]
+
 _configured = False
 
 

@@ -16,6 +16,23 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from rackplane.config import StrictModel
 from rackplane.paths import in_state_directory, state_directory
 
+__all__ = [
+    "CommandSettings",
+    "DaemonSettings",
+    "Identity",
+    "LogSettings",
+    "MetricsSettings",
+    "ModbusTargetSettings",
+    "MqttSettings",
+    "SpoolSettings",
+    "TlsSettings",
+    "TsdbSettings",
+    "effective_spool",
+    "environment_checks",
+    "parse_listen",
+    "resolve_path",
+]
+
 # A topic level and a tag value: no MQTT wildcards or separators, no control characters.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 

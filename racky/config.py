@@ -28,6 +28,27 @@ from rackplane.settings import (
     resolve_path,
 )
 
+__all__ = [
+    "LIFECYCLE_STATES",
+    "MAX_RATE_64BIT_PER_S",
+    "BlastRadiusSettings",
+    "CoolingSettings",
+    "DerateSettings",
+    "DiscoverySettings",
+    "LifecycleSettings",
+    "LinkSettings",
+    "NodeAgentsSettings",
+    "PowerSettings",
+    "RackyConfig",
+    "RackyControl",
+    "SequencingSettings",
+    "ShelfPoints",
+    "ThermalSettings",
+    "TrafficSettings",
+    "ValidationSettings",
+    "state_path",
+]
+
 LIFECYCLE_STATES = ("provisioning", "validating", "production", "maintenance", "quarantined")
 LifecycleState = Literal["provisioning", "validating", "production", "maintenance", "quarantined"]
 

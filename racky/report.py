@@ -18,6 +18,8 @@ from typing import Any
 
 from racky.core.validation import ValidationResult, ValidationSample
 
+__all__ = ["write_report"]
+
 
 def _plots(r: ValidationResult, d: Path) -> list[tuple[str, str]]:
     try:

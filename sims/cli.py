@@ -16,6 +16,8 @@ from rackplane.settings import Identity, MqttSettings
 from sims.runtime import VirtualRackSimulator
 from sims.scenario import FabricSpec, list_scenarios, load_scenario
 
+__all__ = ["list_cmd", "main", "run"]
+
 app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 
 

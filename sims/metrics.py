@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+__all__ = ["StepMetrics", "ValveActivity", "step_metrics", "valve_activity"]
+
 
 @dataclass(frozen=True)
 class StepMetrics:

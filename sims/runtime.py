@@ -38,7 +38,12 @@ from typing import Any, Literal
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
 from rackplane.commands import CommandContext, CommandRouter
-from rackplane.core.registers import RegisterMap, encode_value, load_register_map
+from rackplane.core.registers import (
+    RegisterMap,
+    encode_value,
+    load_register_map,
+    raw_to_registers,
+)
 from rackplane.errors import CommandError, WriteRejected
 from rackplane.io.mqtt import MqttLink
 from rackplane.io.service import TickStats, run_ticker
@@ -97,11 +102,11 @@ def _encode_readings(
         if p is None:
             continue
         if name in sentinel_points and p.sentinels:
-            raw[name] = _sentinel_regs(p.sentinels[0], p.words, p.order)
+            raw[name] = raw_to_registers(p, p.sentinels[0])
             continue
         if not math.isfinite(v) and p.type not in ("float32", "float64"):
             if p.sentinels:
-                raw[name] = _sentinel_regs(p.sentinels[0], p.words, p.order)
+                raw[name] = raw_to_registers(p, p.sentinels[0])
             else:
                 held.append(name)
             continue
@@ -110,15 +115,6 @@ def _encode_readings(
         except ValueError:
             held.append(name)
     return ok, raw, held
-
-
-def _sentinel_regs(raw_u: int, words: int, order: str) -> list[int]:
-    regs = [(raw_u >> (16 * (words - 1 - i))) & 0xFFFF for i in range(words)]
-    if order in ("CDAB", "DCBA"):
-        regs.reverse()
-    if order in ("BADC", "DCBA"):
-        regs = [((r & 0xFF) << 8) | (r >> 8) for r in regs]
-    return regs
 
 
 def _check_trays(rack: VirtualRack, trays: Sequence[int]) -> None:

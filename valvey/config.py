@@ -30,6 +30,16 @@ from valvey.core.step_test import StepTestSettings
 from valvey.core.supply_loop import TICK_S, SupplyLoopSettings
 from valvey.core.valves import ValveSettings
 
+__all__ = [
+    "CduPoints",
+    "CduTarget",
+    "ControlSettings",
+    "RackySettings",
+    "SelectorSettings",
+    "ValveyConfig",
+    "check_points_against_map",
+]
+
 
 class CduPoints(StrictModel):
     """Which register-map points valvey uses for what (names in the CDU's register map).

@@ -52,6 +52,8 @@ from rackplane.config import StrictModel
 from rackplane.core.samples import slots_constructor
 from rackplane.errors import CommandError
 
+__all__ = ["DEFAULT_MAX_SHELVE_S", "AlarmDef", "AlarmEngine", "AlarmEvent", "AlarmSnapshot"]
+
 Severity = Literal["critical", "major", "minor", "warning"]
 EventKind = Literal["raised", "cleared", "acked", "shelved", "unshelved", "returned"]
 Phase = Literal["normal", "active", "returned"]

@@ -59,6 +59,8 @@ from simple_pid import PID
 
 from rackplane.config import StrictModel
 
+__all__ = ["PidLoop", "PidNotInitialisedError", "PidOutput", "PidSettings"]
+
 PidMode = Literal["auto", "manual"]
 
 _LIB_INTEGRAL_ATTR = "_integral"

@@ -18,6 +18,16 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, TypeVar
 
+__all__ = [
+    "Quality",
+    "Sample",
+    "fresh_value",
+    "good",
+    "invalid",
+    "make_sample",
+    "slots_constructor",
+]
+
 _T = TypeVar("_T")
 
 

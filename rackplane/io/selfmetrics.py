@@ -43,6 +43,18 @@ from rackplane.io.service import TickStats
 from rackplane.log import get_logger
 from rackplane.settings import MetricsSettings, parse_listen
 
+__all__ = [
+    "MEASUREMENT",
+    "PROM_PREFIX",
+    "REFRESH_S",
+    "TELEMETRY_ALARMS",
+    "SelfMetrics",
+    "SelfMetricsSnapshot",
+    "pv_age_s",
+    "snapshot_fields",
+    "telemetry_alarm_conditions",
+]
+
 MEASUREMENT = "daemon"
 """Time-series measurement of the self-metrics (tag ``daemon``: valvey, racky)."""
 

@@ -29,6 +29,8 @@ import sdnotify
 from rackplane.clock import Clock
 from rackplane.log import get_logger
 
+__all__ = ["Daemon", "Notifier", "TickStats", "run_daemon", "run_ticker", "supervised"]
+
 
 class Notifier:
     """systemd notification: READY once, WATCHDOG at most every half watchdog interval.

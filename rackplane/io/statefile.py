@@ -33,6 +33,8 @@ from rackplane.errors import RackplaneError
 from rackplane.io.files import move_aside, write_atomic
 from rackplane.log import get_logger
 
+__all__ = ["StateFile", "StateFileError", "StateVersionError"]
+
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from rackplane.core.alarms import AlarmDef, AlarmEngine, AlarmEvent, AlarmSnapshot, Severity
 from rackplane.errors import CommandError
 
+__all__ = ["AlarmBank", "AlarmKind", "alarm_id", "kind_of_def"]
+
 _BAD = re.compile(r"[^a-z0-9_.-]")
 
 

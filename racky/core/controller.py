@@ -71,6 +71,8 @@ from racky.core.thermal import (
 )
 from racky.core.validation import Stage, ValidationResult, ValidationRun, ValidationSample
 
+__all__ = ["POWER_GRACE_S", "REASSERT", "REFRESH", "CoreOutput", "RackyCore", "RackyInputs"]
+
 FloatArray = npt.NDArray[np.float64]
 REASSERT = "re-assert (reported settings drifted)"
 """Reason of a command that re-sends unchanged settings to an agent that does not hold them."""

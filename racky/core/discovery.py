@@ -19,6 +19,8 @@ from typing import Literal
 
 from racky.config import DiscoverySettings
 
+__all__ = ["DiscoveryPlan"]
+
 UnitState = Literal["unknown", "found", "dormant"]
 
 

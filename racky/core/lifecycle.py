@@ -32,6 +32,8 @@ from typing import Any
 from rackplane.errors import CommandError
 from racky.config import LIFECYCLE_STATES, LifecycleState
 
+__all__ = ["FORMAT", "HISTORY_KEEP", "VERSION", "Lifecycle", "PersistedState"]
+
 FORMAT = "racky-state"
 VERSION = 1
 HISTORY_KEEP = 50

@@ -60,6 +60,8 @@ from racky.config import LinkSettings, TrafficSettings
 from racky.core.alarmbank import AlarmKind
 from racky.core.telemetry import LinkFrame
 
+__all__ = ["LINK_ALARM_KINDS", "LinkHealth", "LinkStep"]
+
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 

@@ -46,6 +46,8 @@ from rackplane.core.detect import RateOfRise, VectorThreshold, time_to_limit
 from racky.config import CoolingSettings, ThermalSettings
 from racky.core.alarmbank import AlarmKind
 
+__all__ = ["THERMAL_ALARM_KINDS", "CoolingReading", "ThermalInputs", "ThermalStep", "ThermalWatch"]
+
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 

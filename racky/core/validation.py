@@ -33,6 +33,8 @@ from typing import Any, Literal
 
 from racky.config import ValidationSettings
 
+__all__ = ["Criterion", "ValidationResult", "ValidationRun", "ValidationSample", "combine"]
+
 Stage = Literal["node", "rack", "multi-rack"]
 Phase = Literal["load", "backend"]
 

@@ -40,6 +40,15 @@ from rackplane.core.detect._util import (
     values,
 )
 
+__all__ = [
+    "BinAccumulator",
+    "PoissonCusum",
+    "PoissonEwma",
+    "RateFor",
+    "WindowSum",
+    "cusum_reference_value",
+]
+
 _EPS = 1e-9
 
 

@@ -38,6 +38,8 @@ import numpy.typing as npt
 
 from rackplane.core.detect._util import BoolArray, FloatArray, check_count, mask, param
 
+__all__ = ["U64", "CounterDeltas", "CounterStatus", "CounterStep"]
+
 U64 = npt.NDArray[np.uint64]
 
 

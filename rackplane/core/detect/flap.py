@@ -35,6 +35,8 @@ from rackplane.core.detect._util import (
     values,
 )
 
+__all__ = ["EventWindow", "FlapScore", "WindowCountRule"]
+
 _EPS = 1e-9
 
 

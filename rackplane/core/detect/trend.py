@@ -16,6 +16,8 @@ import numpy as np
 
 from rackplane.core.detect._util import FloatArray, check_count, check_time, values
 
+__all__ = ["RateOfRise", "time_to_limit"]
+
 
 class RateOfRise:
     """Least-squares slope per element over its last ``points`` valid samples [unit/s].

@@ -25,6 +25,19 @@ from rackplane.core.registers.maps import (
 from rackplane.core.samples import Quality, Sample, good, invalid
 from rackplane.errors import WriteRejected
 
+__all__ = [
+    "Decoded",
+    "EncodedWrite",
+    "decode_point",
+    "decoded_sample",
+    "encode_value",
+    "encode_write",
+    "from_engineering",
+    "raw_from_registers",
+    "raw_to_registers",
+    "to_engineering",
+]
+
 # --- decode / encode -------------------------------------------------------------------------
 
 

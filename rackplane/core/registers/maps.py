@@ -19,6 +19,24 @@ from pydantic import Field, field_validator, model_validator
 from rackplane.config import StrictModel, read_toml, validate_data
 from rackplane.errors import ConfigError
 
+__all__ = [
+    "BIT_TABLES",
+    "MAX_READ_BITS",
+    "MAX_READ_REGISTERS",
+    "READ_FUNCTION",
+    "REGISTER_TABLES",
+    "SHRINK_LADDER",
+    "TABLES",
+    "TINY_FLOAT_ABS",
+    "TYPE_WORDS",
+    "DeviceInfo",
+    "PointSpec",
+    "RegisterMap",
+    "bundled_register_maps",
+    "load_register_map",
+    "parse_register_map",
+]
+
 Table = Literal["holding", "input", "coil", "discrete"]
 DataType = Literal[
     "int16", "uint16", "int32", "uint32", "float32", "int64", "uint64", "float64", "bool"

@@ -32,6 +32,17 @@ from rackplane.core.registers.maps import (
 )
 from rackplane.core.samples import Quality, Sample, make_sample
 
+__all__ = [
+    "BlockDecode",
+    "BlockDecoder",
+    "Learned",
+    "ReadBlock",
+    "ReadMemory",
+    "learn_from_exception",
+    "plan_reads",
+    "samples_from_block",
+]
+
 # --- read planning ---------------------------------------------------------------------------
 
 

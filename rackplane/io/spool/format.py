@@ -11,6 +11,19 @@ from dataclasses import dataclass
 
 from rackplane.errors import SpoolError
 
+__all__ = [
+    "CURSOR_FILE",
+    "FORMAT_VERSION",
+    "HEADER",
+    "HEADER_LEN",
+    "LOCK_FILE",
+    "REPLAY_CURSOR_FILE",
+    "Cursor",
+    "SpoolStats",
+    "SpoolWriteError",
+    "segment_name",
+]
+
 FORMAT_VERSION = 1
 """Spool format version written in every segment header and in the cursor file."""
 

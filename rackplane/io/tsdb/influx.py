@@ -25,6 +25,19 @@ from influxdb_client.rest import ApiException
 
 from rackplane.settings import TsdbSettings
 
+__all__ = [
+    "EVENT_MEASUREMENTS",
+    "EVENT_MEMORY_FACTOR",
+    "TS_MAX_NS",
+    "TS_MIN_NS",
+    "LineCounters",
+    "SendOutcome",
+    "check_tags",
+    "classify_status",
+    "line_measurement",
+    "point_line",
+]
+
 TS_MIN_NS = 1_577_836_800 * 10**9
 """2020-01-01T00:00:00Z: an earlier timestamp means a wall clock not yet synchronised."""
 TS_MAX_NS = 4_102_444_800 * 10**9

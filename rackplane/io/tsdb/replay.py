@@ -17,6 +17,8 @@ from rackplane.io.tsdb.influx import _backoff_s, _rejection_details, _Sender
 from rackplane.log import get_logger
 from rackplane.settings import TsdbSettings
 
+__all__ = ["ReplayResult", "replay"]
+
 # --- replay ------------------------------------------------------------------------------
 
 
