@@ -407,6 +407,24 @@ class GetPowerLimitsArgs(CommandArgs):
 # --- builders ----------------------------------------------------------------------------------
 
 
+def _round1_list(a: np.ndarray) -> list[float]:
+    """``[round(float(x), 1) for x in a]`` (Python's correctly rounded ``round``), vectorised:
+    ``rint(10 x) / 10`` is that value whenever ``fl(10 x)`` is more than a few ulps from a
+    half (then it rounds as the exact ``10 x`` does, and ``D / 10`` is correctly rounded);
+    the others (near a tie, huge, not finite) go through ``round`` itself."""
+    x = np.asarray(a, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = x * 10.0
+        vals: list[float] = (np.rint(p) / 10.0).tolist()
+        risky = ~(np.abs(p) < 2.0**52) | (
+            np.abs(p - np.floor(p) - 0.5) <= 4.0 * np.spacing(np.abs(p)) + 1e-300)
+    if risky.any():
+        src = x.tolist()
+        for i in np.flatnonzero(risky).tolist():
+            vals[i] = round(src[i], 1)
+    return vals
+
+
 def _port_columns(snap: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, Any]:
     """Every `PortBlock` column of a fabric snapshot as plain Python lists over all ports
     (one ``.tolist()`` per column; `port_block` slices them per GPU). Unknown keys become
@@ -431,10 +449,8 @@ def _port_columns(snap: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[
         "nvlink": snap["is_nvlink"].astype(bool).tolist(),
         "link_up": snap["link_up"].astype(bool).tolist(),
         "speed_mb_per_s": snap["link_speed_mb_per_s"].astype(np.float64).tolist(),
-        "tx_bytes_per_s": [round(x, 1) for x in
-                           snap["tx_bytes_per_s"].astype(np.float64).tolist()],
-        "rx_bytes_per_s": [round(x, 1) for x in
-                           snap["rx_bytes_per_s"].astype(np.float64).tolist()],
+        "tx_bytes_per_s": _round1_list(snap["tx_bytes_per_s"]),
+        "rx_bytes_per_s": _round1_list(snap["rx_bytes_per_s"]),
         "ber": [x if isfinite(x) else None for x in ber.astype(np.float64).tolist()]
         if ber is not None
         else [None] * n_ports,
