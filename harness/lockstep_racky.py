@@ -181,8 +181,11 @@ class _RackyIO:
     effects applied back (the daemon's code in between is `racky.tick.RackyTick`'s):
 
     * power shelves: `_ShelfFace` (register words and the adapter's decoder);
-    * node agents: `sims.telemetry.tray_payloads` encoded as the MQTT adapter encodes them,
-      given to the tick as ``<agents>/telemetry/trayNN`` messages (racky's ingest parses them);
+    * node agents: `sims.telemetry.tray_payloads` encoded as an agent sends them
+      (`rackplane.core.tray_contract.encode_tray`, msgspec: bytes that decode to the same
+      values as ``encode_json``'s; ``encode_json`` itself when a float is not finite), given to
+      the tick as ``<agents>/telemetry/trayNN`` messages (racky's decoder and ingest parse
+      them);
     * cooling: valvey's ``state/<state_thing>`` (the CDU's supply temperature and valve as
       valvey reads them, the scenario's setpoint) and the simulator's ``telemetry/plant``
       (`sims.runtime.plant_payload`: flow, facility water) on ``cooling.plant_topic``;
