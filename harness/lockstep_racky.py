@@ -47,6 +47,7 @@ from rackplane.core.registers import (
     plan_reads,
 )
 from rackplane.core.samples import Sample
+from rackplane.core.tray_contract import encode_tray
 from rackplane.errors import CommandError
 from rackplane.io.mqtt import Topics, encode_json
 from rackplane.settings import ModbusTargetSettings
@@ -179,8 +180,11 @@ class _RackyIO:
     effects applied back (the daemon's code in between is `racky.tick.RackyTick`'s):
 
     * power shelves: `_ShelfFace` (register words and the adapter's decoder);
-    * node agents: `sims.telemetry.tray_payloads` encoded as the MQTT adapter encodes them,
-      given to the tick as ``<agents>/telemetry/trayNN`` messages (racky's ingest parses them);
+    * node agents: `sims.telemetry.tray_payloads` encoded as an agent sends them
+      (`rackplane.core.tray_contract.encode_tray`, msgspec: bytes that decode to the same
+      values as ``encode_json``'s; ``encode_json`` itself when a float is not finite), given to
+      the tick as ``<agents>/telemetry/trayNN`` messages (racky's decoder and ingest parse
+      them);
     * cooling: valvey's ``state/<state_thing>`` (the CDU's supply temperature and valve as
       valvey reads them, the scenario's setpoint) and the simulator's ``telemetry/plant``
       (`sims.runtime.plant_payload`: flow, facility water) on ``cooling.plant_topic``;
@@ -225,8 +229,8 @@ class _RackyIO:
                                face.poll(sh.shelf_readings(i), pr.sentinel_points, wall_ns, now))
         if pr.publishing("trays"):
             for thing, payload in tray_payloads(self.rack, self.ident, wall_ns):
-                tick.message(self.agents.telemetry(thing), encode_json(payload), retain=False,
-                             received_mono=now, wall_ns=wall_ns)
+                tick.message(self.agents.telemetry(thing), _encode_tray(payload),
+                             retain=False, received_mono=now, wall_ns=wall_ns)
         r = run.plant.readings()
         tick.message(self.cooling_topic, encode_json({
             "supply_temp_c": _finite(r.get("supply_temp_c")), "setpoint_c": self.setpoint_c,
@@ -253,6 +257,35 @@ class _RackyIO:
         self.tick.message(f"{c.topic}/result", encode_json(reply), retain=False,
                           received_mono=now, wall_ns=wall_ns)
         return None if error is None else f"{error['code']}: {error['message']}"
+
+
+def _encode_tray(payload: dict[str, Any]) -> bytes:
+    """A tray payload as the node agent's bytes: `rackplane.core.tray_contract.encode_tray`
+    (msgspec; the same values as ``encode_json``'s bytes) when every float in it is finite,
+    else ``encode_json`` (which refuses NaN / inf with ValueError, as before: msgspec would
+    write null)."""
+    return encode_tray(payload) if _tray_finite(payload) else encode_json(payload)
+
+
+def _tray_finite(p: Mapping[str, Any]) -> bool:
+    """Every float of a `sims.telemetry.tray_payloads` payload is finite (a sum of finite
+    floats is finite unless it overflows: then False, and ``encode_json`` decides)."""
+    isfinite = math.isfinite
+    if not isfinite(p["power_w"] + p["coolant_out_temp_c"]):
+        return False
+    if not isfinite(sum(v for v in p["agent"].values()
+                        if isinstance(v, float))):
+        return False
+    for g in p["gpus"]:
+        up = g["uptime_s"]
+        if not isfinite(g["power_w"] + g["temp_c"] + g["t_limit_c"] + g["utilization"]
+                        + (0.0 if up is None else up)):
+            return False
+        pb = g["ports"]
+        if pb is not None and not isfinite(sum(pb["speed_mb_per_s"]) + sum(pb["tx_bytes_per_s"])
+                                           + sum(pb["rx_bytes_per_s"])):
+            return False  # ber: finite or None (finite_or_none); counters: ints
+    return True
 
 
 def _same(a: float, b: float) -> bool:

@@ -429,9 +429,9 @@ class NodeAgents:
             enforced_gpu_cap_w=cap,
             enforced_tray_cap_w=cap * self.gpus_per_tray * (1.0 + self.other_share),
             floor_w=float(self._floor[g][0]),
-            gpu_demand_w=tuple(float(v) for v in demand),
-            gpu_request_w=tuple(float(v) for v in self._out[g]),
-            gpu_power_w=tuple(float(v) for v in measured),
+            gpu_demand_w=tuple(demand.astype(np.float64).tolist()),  # float(v) each
+            gpu_request_w=tuple(self._out[g].astype(np.float64).tolist()),
+            gpu_power_w=tuple(measured.astype(np.float64).tolist()),
             tray_power_w=tray_w,
             capping=bool(s.powered and (demand > cap + 1e-9).any()),
             flooring=bool(s.powered and (demand < self._floor[g][0] - 1e-9).any()),
@@ -440,7 +440,8 @@ class NodeAgents:
             epoch=self._epoch[k],
             cap_expires_in_s=None if math.isinf(self._cap_expires_s[k])
             else max(0.0, float(self._cap_expires_s[k] - self._t_s)),
-            gpu_power_capped=tuple(bool(s.powered and d > cap + 1e-9) for d in demand),
+            gpu_power_capped=tuple(bool(s.powered and d > cap + 1e-9)
+                                   for d in demand.astype(np.float64).tolist()),
         )
 
 

@@ -407,13 +407,29 @@ class GetPowerLimitsArgs(CommandArgs):
 # --- builders ----------------------------------------------------------------------------------
 
 
-def port_block(
-    snap: Mapping[str, np.ndarray], ports: range, names: Sequence[str]
-) -> dict[str, Any]:
-    """The `PortBlock` of ports ``ports`` from a fabric snapshot (unknown keys become
+def _round1_list(a: np.ndarray) -> list[float]:
+    """``[round(float(x), 1) for x in a]`` (Python's correctly rounded ``round``), vectorised:
+    ``rint(10 x) / 10`` is that value whenever ``fl(10 x)`` is more than a few ulps from a
+    half (then it rounds as the exact ``10 x`` does, and ``D / 10`` is correctly rounded);
+    the others (near a tie, huge, not finite) go through ``round`` itself."""
+    x = np.asarray(a, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = x * 10.0
+        vals: list[float] = (np.rint(p) / 10.0).tolist()
+        risky = ~(np.abs(p) < 2.0**52) | (
+            np.abs(p - np.floor(p) - 0.5) <= 4.0 * np.spacing(np.abs(p)) + 1e-300)
+    if risky.any():
+        src = x.tolist()
+        for i in np.flatnonzero(risky).tolist():
+            vals[i] = round(src[i], 1)
+    return vals
+
+
+def _port_columns(snap: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, Any]:
+    """Every `PortBlock` column of a fabric snapshot as plain Python lists over all ports
+    (one ``.tolist()`` per column; `port_block` slices them per GPU). Unknown keys become
     counters when they are integer arrays of port length; ``counter_bits`` their dtype's
-    width)."""
-    sl = slice(ports.start, ports.stop)
+    width."""
     n_ports = len(names)
     counters: dict[str, list[int]] = {}
     bits: dict[str, int] = {}
@@ -423,22 +439,48 @@ def port_block(
             and v.shape == (n_ports,)
             and np.issubdtype(v.dtype, np.integer)
         ):
-            counters[k] = [int(x) for x in v[sl]]
+            counters[k] = v.tolist()  # Python ints, as int(x) per element
             bits[k] = 8 * v.dtype.itemsize  # the counter's native width
     ber = snap.get("ber")
+    isfinite = math.isfinite
+    # astype: the exact values float()/bool() give per element, as Python floats / bools
     return {
-        "names": list(names[sl]),
-        "nvlink": [bool(x) for x in snap["is_nvlink"][sl]],
-        "link_up": [bool(x) for x in snap["link_up"][sl]],
-        "speed_mb_per_s": [float(x) for x in snap["link_speed_mb_per_s"][sl]],
-        "tx_bytes_per_s": [round(float(x), 1) for x in snap["tx_bytes_per_s"][sl]],
-        "rx_bytes_per_s": [round(float(x), 1) for x in snap["rx_bytes_per_s"][sl]],
-        "ber": [finite_or_none(x) for x in ber[sl]]
+        "names": list(names),
+        "nvlink": snap["is_nvlink"].astype(bool).tolist(),
+        "link_up": snap["link_up"].astype(bool).tolist(),
+        "speed_mb_per_s": snap["link_speed_mb_per_s"].astype(np.float64).tolist(),
+        "tx_bytes_per_s": _round1_list(snap["tx_bytes_per_s"]),
+        "rx_bytes_per_s": _round1_list(snap["rx_bytes_per_s"]),
+        "ber": [x if isfinite(x) else None for x in ber.astype(np.float64).tolist()]
         if ber is not None
-        else [None] * (sl.stop - sl.start),
+        else [None] * n_ports,
         "counters": counters,
         "counter_bits": bits,
     }
+
+
+def _port_block_of(cols: Mapping[str, Any], start: int, stop: int) -> dict[str, Any]:
+    """The `PortBlock` of ports ``start:stop`` from `_port_columns` (fresh lists)."""
+    return {
+        "names": cols["names"][start:stop],
+        "nvlink": cols["nvlink"][start:stop],
+        "link_up": cols["link_up"][start:stop],
+        "speed_mb_per_s": cols["speed_mb_per_s"][start:stop],
+        "tx_bytes_per_s": cols["tx_bytes_per_s"][start:stop],
+        "rx_bytes_per_s": cols["rx_bytes_per_s"][start:stop],
+        "ber": cols["ber"][start:stop],
+        "counters": {k: v[start:stop] for k, v in cols["counters"].items()},
+        "counter_bits": dict(cols["counter_bits"]),
+    }
+
+
+def port_block(
+    snap: Mapping[str, np.ndarray], ports: range, names: Sequence[str]
+) -> dict[str, Any]:
+    """The `PortBlock` of ports ``ports`` from a fabric snapshot (unknown keys become
+    counters when they are integer arrays of port length; ``counter_bits`` their dtype's
+    width)."""
+    return _port_block_of(_port_columns(snap, names), ports.start, ports.stop)
 
 
 def _stamp(vr: VirtualRack, ident: Identity, ts_ns: int) -> dict[str, Any]:
@@ -499,47 +541,65 @@ def tray_payloads(
     comp = vr.compute
     gpt = comp.gpus_per_tray
     fab = vr.fabric
-    snap = None
+    cols = None
     names: list[str] = []
+    uptime: list[float] | None = None
+    boot: list[int] | None = None
     if fab is not None and ports:
         snap = fab.snapshot()
         names = fab.port_names()
+        cols = _port_columns(snap, names)  # one conversion per column, sliced per GPU
+        up = snap.get("uptime_s")
+        bt = snap.get("boot_id")
+        uptime = None if up is None else up.astype(np.float64).tolist()
+        boot = None if bt is None else [int(x) for x in bt.tolist()]
     ppg = len(names) // comp.n_gpus if names else 0
-    uptime = snap.get("uptime_s") if snap is not None else None
-    boot = snap.get("boot_id") if snap is not None else None
+    # the truth's columns as Python values once (float(x) / bool(x) per element)
+    power = tr.gpu_power_w.astype(np.float64).tolist()
+    temp = tr.gpu_tj_c.astype(np.float64).tolist()
+    t_limit = tr.gpu_t_limit_c.astype(np.float64).tolist()
+    throttled = tr.gpu_throttled.astype(bool).tolist()
+    on = tr.gpu_on.astype(bool).tolist()
+    traffic = tr.gpu_traffic.astype(np.float64).tolist()
+    tray_powered = tr.tray_powered.astype(bool).tolist()
+    tray_power = tr.tray_power_w.astype(np.float64).tolist()
+    coolant_out = tr.tray_coolant_out_c.astype(np.float64).tolist()
+    tray_leak = tr.leaks.tray_leak.astype(bool).tolist()
+    tray_sensor_fault = tr.leaks.tray_sensor_fault.astype(bool).tolist()
     out = []
     for k in range(comp.n_trays):
         st = comp.agents.status(k, tr.gpu_power_w)
         s = st.settings
+        capped = st.gpu_power_capped
         gpus = []
         for i, g in enumerate(range(k * gpt, (k + 1) * gpt)):
-            reasons = list(_THERMAL) if tr.gpu_throttled[g] else []
-            if st.gpu_power_capped and st.gpu_power_capped[i]:
+            reasons = list(_THERMAL) if throttled[g] else []
+            if capped and capped[i]:
                 reasons.insert(0, "sw_power_cap")
             item: dict[str, Any] = {
                 "gpu": g,
-                "power_w": float(tr.gpu_power_w[g]),
-                "temp_c": float(tr.gpu_tj_c[g]),
-                "t_limit_c": float(tr.gpu_t_limit_c[g]),
+                "power_w": power[g],
+                "temp_c": temp[g],
+                "t_limit_c": t_limit[g],
                 "throttle_reasons": reasons,
-                "shut_down": not bool(tr.gpu_on[g]),
-                "utilization": float(tr.gpu_traffic[g]),
-                "uptime_s": None if uptime is None else float(uptime[g]),
-                "boot_id": None if boot is None else int(boot[g]),
+                "shut_down": not on[g],
+                "utilization": traffic[g],
+                "uptime_s": None if uptime is None else uptime[g],
+                "boot_id": None if boot is None else boot[g],
                 "ports": None
-                if snap is None
-                else port_block(snap, range(g * ppg, (g + 1) * ppg), names),
+                if cols is None
+                else _port_block_of(cols, g * ppg, (g + 1) * ppg),
             }
             gpus.append(item)
         out.append((f"tray{k:02d}", {
             "schema_version": SCHEMA_VERSION,
             "ts_ns": ts_ns, "site": ident.site, "row": ident.row, "rack": ident.rack,
             "tray": k,
-            "powered": bool(tr.tray_powered[k]),
-            "power_w": float(tr.tray_power_w[k]),
-            "coolant_out_temp_c": float(tr.tray_coolant_out_c[k]),
-            "leak": bool(tr.leaks.tray_leak[k]),
-            "leak_sensor_fault": bool(tr.leaks.tray_sensor_fault[k]),
+            "powered": tray_powered[k],
+            "power_w": tray_power[k],
+            "coolant_out_temp_c": coolant_out[k],
+            "leak": tray_leak[k],
+            "leak_sensor_fault": tray_sensor_fault[k],
             "agent": {
                 "enforced_gpu_cap_w": st.enforced_gpu_cap_w,
                 "enforced_tray_cap_w": st.enforced_tray_cap_w,

@@ -258,14 +258,20 @@ class PortIngest:
         names = list(chain.from_iterable(lists[0::7]))
         flags = np.array(list(chain.from_iterable(
             x for pb in pbs for x in (pb.nvlink, pb.link_up))), dtype=bool).reshape(g, 2, n)
-        # the three rates and BER in one conversion (all >= 0; msgspec let nulls only in BER)
-        nums = _float_column(list(chain.from_iterable(
-            x for pb in pbs
-            for x in (pb.speed_mb_per_s, pb.tx_bytes_per_s, pb.rx_bytes_per_s, pb.ber))),
-            nullable=True, non_negative=True)
-        if nums is None:
+        # the three rates in one conversion (>= 0; msgspec lets no null in them: a list of
+        # floats converts on numpy's fast path), BER apart (>= 0 or null: all null, as a
+        # healthy fabric reports, is a NaN column without a conversion)
+        rates = _float_column(list(chain.from_iterable(
+            x for pb in pbs for x in (pb.speed_mb_per_s, pb.tx_bytes_per_s, pb.rx_bytes_per_s))),
+            nullable=False, non_negative=True)
+        if rates is None:
             return None
-        rate4 = nums.reshape(g, 4, n)
+        rate3 = rates.reshape(g, 3, n)
+        bers = list(chain.from_iterable(pb.ber for pb in pbs))
+        ber = (np.full(g * n, np.nan) if bers.count(None) == len(bers)
+               else _float_column(bers, nullable=True, non_negative=True))
+        if ber is None:
+            return None
         temps = [pb.cable_temp_c for pb in pbs]
         n_none = temps.count(None)
         if n_none == g:
@@ -297,8 +303,8 @@ class PortIngest:
         return _TrayPorts(
             gpus=np.array(gis, dtype=np.int64), n=n, names=names,
             nvlink=flags[:, 0].ravel(), link_up=flags[:, 1].ravel(),
-            speed_mb_per_s=rate4[:, 0].ravel(), tx_bytes_per_s=rate4[:, 1].ravel(),
-            rx_bytes_per_s=rate4[:, 2].ravel(), ber=rate4[:, 3].ravel(), cable_temp_c=cable,
+            speed_mb_per_s=rate3[:, 0].ravel(), tx_bytes_per_s=rate3[:, 1].ravel(),
+            rx_bytes_per_s=rate3[:, 2].ravel(), ber=ber, cable_temp_c=cable,
             counter_rows=rows,
             counters=None if counters is None else counters.transpose(1, 0, 2).reshape(
                 len(rows), g * n),
