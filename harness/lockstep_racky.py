@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -517,33 +518,65 @@ def _summary(r: RackyLockstepResult) -> str:
     return "\n".join(lines)
 
 
+def _positive(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+    return v
+
+
+def _trays(text: str) -> list[int]:
+    """argparse type: tray indices, comma-separated (``0,1,5``)."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: tray indices separated by commas, e.g. 0,1") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``rackctl lockstep --daemon racky run SCENARIO [--duration S] [--plant-dt S]`` |
     ``validate --stage node|rack|multi-rack --out DIR [--trays 0,1] [--load-s S]
-    [--backend-s S] [--racks N]``."""
+    [--backend-s S] [--racks N]``. Exit 0 (validation FAIL: 1); a bad argument or a
+    refused validation plan: 2 with the reason (no traceback)."""
     ap = argparse.ArgumentParser(prog="rackctl lockstep --daemon racky")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run a scenario with racky's core in lock-step")
-    r.add_argument("scenario")
-    r.add_argument("--duration", type=float, default=None)
-    r.add_argument("--plant-dt", type=float, default=0.1)
-    r.add_argument("--budget-w", type=float, default=None)
+    r = sub.add_parser("run", help="run a scenario with racky's tick in lock-step")
+    r.add_argument("scenario", help="bundled scenario name or TOML path (rack-sim list)")
+    r.add_argument("--duration", type=_positive, default=None,
+                   help="plant seconds to run (default: the scenario's duration)")
+    r.add_argument("--plant-dt", type=_positive, default=0.1,
+                   help="plant step, s; must divide racky's 1 s tick (default 0.1)")
+    r.add_argument("--budget-w", type=_positive, default=None, help="rack power budget, W")
     v = sub.add_parser("validate", help="validation stage on the simulator, with a report")
     v.add_argument("--stage", choices=("node", "rack", "multi-rack"), default="rack")
-    v.add_argument("--out", type=Path, required=True)
-    v.add_argument("--trays", default=None, help="node stage: trays, e.g. 0,1")
-    v.add_argument("--racks", type=int, default=2)
-    v.add_argument("--load-s", type=float, default=120.0)
-    v.add_argument("--backend-s", type=float, default=60.0)
-    ns = ap.parse_args(argv)
-    if ns.cmd == "run":
-        cfg = default_config(budget_w=ns.budget_w) if ns.budget_w else None
-        res = run_racky(ns.scenario, cfg, plant_dt_s=ns.plant_dt, duration_s=ns.duration)
-        print(_summary(res))
-        return 0
-    trays = [int(x) for x in ns.trays.split(",")] if ns.trays else None
-    verdict, _, path = run_validation(ns.stage, trays=trays, racks=ns.racks, load_s=ns.load_s,
-                                      backend_s=ns.backend_s, out_dir=ns.out)
+    v.add_argument("--out", type=Path, required=True, help="report directory")
+    v.add_argument("--trays", type=_trays, default=None,
+                   help="node stage (required there): trays, e.g. 0,1")
+    v.add_argument("--racks", type=int, default=2, help="multi-rack stage: racks")
+    v.add_argument("--load-s", type=_positive, default=120.0, help="burn-in load phase, s")
+    v.add_argument("--backend-s", type=_positive, default=60.0,
+                   help="backend-only phase (NVLink off), s")
+    try:
+        ns = ap.parse_args(argv)
+    except SystemExit as err:  # argparse printed the usage and the problem
+        return 0 if err.code == 0 else 2
+    try:
+        if ns.cmd == "run":
+            cfg = default_config(budget_w=ns.budget_w) if ns.budget_w else None
+            res = run_racky(ns.scenario, cfg, plant_dt_s=ns.plant_dt, duration_s=ns.duration)
+            print(_summary(res))
+            return 0
+        verdict, _, path = run_validation(ns.stage, trays=ns.trays, racks=ns.racks,
+                                          load_s=ns.load_s, backend_s=ns.backend_s,
+                                          out_dir=ns.out)
+    except (CommandError, ValueError) as err:
+        print(f"rackctl lockstep --daemon racky {ns.cmd}: {err}", file=sys.stderr)
+        return 2
     print(f"{verdict.stage}: {'PASS' if verdict.passed else 'FAIL'}; report {path}")
     for c in verdict.criteria:
         print(f"  {'pass' if c.passed else 'FAIL'}  {c.name}: {c.measured} ({c.limit})")

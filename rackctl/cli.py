@@ -188,6 +188,9 @@ def lockstep(
                   EXIT_USAGE)
         from harness.lockstep_racky import main as racky_main
 
+        if scenario == "load-step" and not ctx.args:  # valvey's default: nothing asked of racky
+            racky_main(["--help"])
+            raise typer.Exit(EXIT_USAGE)
         try:
             code = racky_main([scenario, *ctx.args])
         except ConfigError as err:

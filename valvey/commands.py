@@ -55,7 +55,7 @@ mode acts from the next tick.
 Every handler validates before it mutates (the `SupplyLoop` and `AlarmEngine` methods raise
 `CommandError` before changing anything), as the router's contract requires.
 
-``python -m valvey.commands --write-schemas`` regenerates ``rackplane/schemas/*.schema.json``
+``rackctl schemas --write`` regenerates ``rackplane/schemas/*.schema.json``
 (envelope, reply and these verbs' args).
 """
 

@@ -5,7 +5,7 @@ paho-mqtt client (the benchmarks' load generator is not the code under test).
 Usage::
 
     python -m harness.benchkids.loadgen rate  HOST PORT N_RACKS RATE_MULT DURATION_S OUT_JSON
-    python -m harness.benchkids.loadgen.py flood HOST PORT COUNT OUT_JSON
+    python -m harness.benchkids.loadgen flood HOST PORT COUNT OUT_JSON
 
 ``rate``: every rack's 18 trays publish ``RATE_MULT`` times per wall second (1: the node agents'
 1 Hz), each publish one more plant second of the rack, spread evenly over the second. The
