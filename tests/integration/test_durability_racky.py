@@ -52,6 +52,10 @@ async def test_racky_sigkill_restart_ready_state_kept_no_spooled_line_lost(
     try:
         async with client:
             await until(lambda: n1.ready_at() is not None, 30, "READY", r1)
+            # READY never waits on the broker (DESIGN §3): a command sent before racky has
+            # subscribed would be lost, so wait for its subscription first
+            await until(lambda: any(e.get("event") == "mqtt_subscribed" for e in r1.events()),
+                        30, "racky subscribed", r1)
             r = await client.call("racky", "set_budget",
                                   {"power_w": 91_000.0, "reason": "durability test"})
             assert r["ok"] is True, r
