@@ -48,10 +48,10 @@ from rackplane.io.spool import check_spool_config
 from rackplane.settings import ModbusTargetSettings, effective_spool, environment_checks
 from racky.commands import register_racky_commands
 from racky.config import RackyConfig, ShelfPoints, state_path
+from racky.core.agent_settings import AgentCommand
 from racky.core.alarmbank import kind_of_def
 from racky.core.controller import RackyCore
 from racky.core.discovery import DiscoveryPlan
-from racky.core.power import AgentCommand
 from racky.core.thermal import CoolingReading
 from racky.core.validation import ValidationResult
 from racky.persist import StateStore

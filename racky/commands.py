@@ -60,8 +60,8 @@ from rackplane.config import StrictModel
 from rackplane.core.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
 from rackplane.log import get_logger
 from rackplane.settings import Role
+from racky.core.agent_settings import AgentCommand
 from racky.core.controller import RackyCore
-from racky.core.power import AgentCommand
 
 __all__ = ["SAFETY_VERBS", "LeaseCheck", "racky_contract", "racky_verb_args",
            "register_racky_commands"]

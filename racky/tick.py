@@ -37,9 +37,10 @@ from rackplane.core.effects import LogRecord, TsLine, alarm_event
 from rackplane.core.samples import Sample
 from rackplane.core.topics import Topics
 from racky.config import RackyConfig
+from racky.core.agent_settings import AgentCommand
 from racky.core.controller import CoreOutput, RackyCore, RackyInputs
-from racky.core.power import AgentCommand
-from racky.core.telemetry import PayloadError, StaleMessage, TelemetryIngest, decode_payload
+from racky.core.linkframe import PayloadError
+from racky.core.telemetry import StaleMessage, TelemetryIngest, decode_payload
 from racky.core.thermal import CoolingReading
 from racky.core.validation import ValidationResult
 
@@ -219,7 +220,7 @@ class RackyTick:
         elif topic.startswith(self._telemetry_prefix):
             self.agent_telemetry(topic, payload, retain=retain, received_mono=received_mono)
         elif topic.startswith(self._reply_prefix) and topic.endswith("/result"):
-            self.agent_reply(payload)
+            self.agent_reply(topic, payload)
 
     def agent_telemetry(self, topic: str, payload: bytes, *, retain: bool,
                         received_mono: float) -> None:
@@ -260,13 +261,11 @@ class RackyTick:
         if self.payload_problems.pop(thing, None) is not None:
             self._log("info", "agent_telemetry_recovered", thing=thing)
 
-    def agent_reply(self, payload: bytes) -> None:
-        """A node agent's reply to a ``set_power_limits`` racky sent (others are ignored)."""
-        try:
-            data = json.loads(payload.decode("utf-8"))
-        except ValueError:
-            return
-        if not isinstance(data, dict):
+    def agent_reply(self, topic: str, payload: bytes) -> None:
+        """A node agent's reply to a ``set_power_limits`` racky sent (others are ignored; an
+        oversize, non-JSON or non-object reply is logged once per problem, as every input)."""
+        data = self._json_object(topic, payload, "agent_reply")
+        if data is None:
             return
         rid = data.get("request_id")
         entry = self.pending.pop(rid, None) if isinstance(rid, str) else None

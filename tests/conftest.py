@@ -28,14 +28,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.fixturenames.insert(0, "no_leaked_tasks")
 
 
-def _library_task(task: asyncio.Task[object]) -> bool:
-    """A task of amqtt's broker (the demo's embedded broker, used by a few adapter tests):
-    its shutdown sometimes leaves its broadcast loop and session monitor running, a quirk of
-    the library, not a leak of ours."""
-    code = getattr(task.get_coro(), "cr_code", None)
-    return code is not None and "/amqtt/" in code.co_filename
-
-
 @pytest.fixture
 async def no_leaked_tasks() -> AsyncIterator[None]:
     """Fail an async test that leaves a task of its own running after its fixtures are torn
@@ -46,8 +38,7 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
     me = asyncio.current_task()
     leaked: set[asyncio.Task[object]] = set()
     for _ in range(20):
-        leaked = {t for t in asyncio.all_tasks() - before
-                  if t is not me and not t.done() and not _library_task(t)}
+        leaked = {t for t in asyncio.all_tasks() - before if t is not me and not t.done()}
         if not leaked:
             return
         await asyncio.sleep(0.05)

@@ -47,9 +47,9 @@ from valvey.persist import (
     open_state_file,
     state_file_path,
 )
-from valvey.tick import MEASUREMENT_OF_POINT, Publish, TickEffects, ValveyTick
+from valvey.tick import Publish, TickEffects, ValveyTick
 
-__all__ = ["DAEMON", "MEASUREMENT_OF_POINT", "OutputWriter", "Valvey", "load_valvey_config"]
+__all__ = ["DAEMON", "OutputWriter", "Valvey", "load_valvey_config"]
 
 DAEMON = "valvey"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rackplane.cli import EXIT_CONFIG, EXIT_OK, EXIT_RUNTIME, samples_table
+from rackplane.cli import EXIT_OK, EXIT_RUNTIME, samples_table
 from rackplane.clock import SYSTEM_CLOCK
 from rackplane.config import check_state_file_dir
 from rackplane.core.registers import RegisterMap
@@ -93,4 +93,4 @@ def main() -> None:
     app()
 
 
-__all__ = ["EXIT_CONFIG", "app", "main"]
+__all__ = ["app", "main"]

@@ -23,11 +23,11 @@ from rackplane.settings import (
 )
 from valvey.core.capacity import CapacitySettings
 from valvey.core.feedforward import FeedforwardSettings
-from valvey.core.pumps import PumpLoopSettings, PumpSettings
+from valvey.core.pump_settings import PumpLoopSettings, PumpSettings
 from valvey.core.safety import SafetySettings
 from valvey.core.sensors import SensorMap, SupplySensorSettings
 from valvey.core.step_test import StepTestSettings
-from valvey.core.supply_loop import TICK_S, SupplyLoopSettings
+from valvey.core.supply_loop_settings import TICK_S, SupplyLoopSettings
 from valvey.core.valves import ValveSettings
 
 __all__ = [

@@ -38,7 +38,8 @@ from rackplane.errors import CommandError
 from rackplane.io.statefile import StateFile
 from rackplane.paths import in_state_directory
 from rackplane.settings import SpoolSettings, effective_spool
-from valvey.core.supply_loop import SupplyLoop, SupplyLoopSettings
+from valvey.core.supply_loop import SupplyLoop
+from valvey.core.supply_loop_settings import SupplyLoopSettings
 
 STATE_FORMAT = "valvey-state"
 STATE_VERSION = 1

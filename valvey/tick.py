@@ -20,6 +20,8 @@ seam. Nothing here does I/O or reads a clock: times come in as arguments.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -46,7 +48,6 @@ __all__ = [
     "MEASUREMENT_OF_POINT",
     "Publish",
     "TickEffects",
-    "TsLine",
     "ValveyTick",
 ]
 
@@ -221,6 +222,12 @@ class ValveyTick:
         mapped = self._sensor_topics.get(topic)
         if not mapped:
             return False
+        if retain and not isinstance(payload, Mapping):
+            # decoded once: the samples and the retained value's age both read it
+            with contextlib.suppress(ValueError):
+                decoded = json.loads(payload)
+                if isinstance(decoded, Mapping):
+                    payload = decoded
         samples = parse_sensor_message(mapped, payload, received_mono, wall_ns)
         if retain:
             age = self._stale_retained_s[topic]
@@ -424,8 +431,6 @@ def _json_mapping(payload: bytes | Mapping[str, Any]) -> Mapping[str, Any]:
     """The payload as a mapping. Raises ValueError (not JSON) or TypeError (not an object)."""
     if isinstance(payload, Mapping):
         return payload
-    import json
-
     data = json.loads(payload)
     if not isinstance(data, Mapping):
         raise TypeError(f"a JSON object is expected, got {type(data).__name__}")

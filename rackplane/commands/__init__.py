@@ -93,84 +93,17 @@ through ``asyncio.to_thread`` (the fixed design). Never set in production; the i
 tests of BR-24 use it.
 """
 
-from rackplane.commands.contract import (
-    SCHEMA_DIR,
-    DaemonContract,
-    StateModels,
-    VerbArgs,
-    contract_of,
-    load_schema,
-    render_markdown,
-    schema_documents,
-    stale_schemas,
-    write_schemas,
-)
-from rackplane.commands.leases import LeaseChange, LeaseGate, register_lease_verbs, require_within
-from rackplane.commands.router import TEST_VERBS_ENV, CommandRouter, CommandTransport, ReplyFn
-from rackplane.core.envelope import (
-    GENERIC_VERBS,
-    INTERNAL_ERROR,
-    OUT_OF_RANGE,
-    REQUEST_ID_PATTERN,
-    ROLE_RANK,
-    ROUTER_CODES,
-    AcquireLeaseArgs,
-    AlarmPayload,
-    CommandArgs,
-    CommandAudit,
-    CommandContext,
-    CommandEnvelope,
-    CommandErrorBody,
-    CommandReply,
-    CommandStats,
-    HandlerResult,
-    LeasesState,
-    NoArgs,
-    OutputLease,
-    ReleaseLeaseArgs,
-    StatusPayload,
-    alarm_payload,
-)
+from rackplane.commands import contract as _contract
+from rackplane.commands import leases as _leases
+from rackplane.commands import router as _router
+from rackplane.commands.contract import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.commands.leases import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.commands.router import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.core import envelope as _envelope
+from rackplane.core.envelope import *  # noqa: F403 (the package's public names: its modules' __all__)
 
-__all__ = [
-    "GENERIC_VERBS",
-    "INTERNAL_ERROR",
-    "OUT_OF_RANGE",
-    "REQUEST_ID_PATTERN",
-    "ROLE_RANK",
-    "ROUTER_CODES",
-    "SCHEMA_DIR",
-    "TEST_VERBS_ENV",
-    "AcquireLeaseArgs",
-    "AlarmPayload",
-    "CommandArgs",
-    "CommandAudit",
-    "CommandContext",
-    "CommandEnvelope",
-    "CommandErrorBody",
-    "CommandReply",
-    "CommandRouter",
-    "CommandStats",
-    "CommandTransport",
-    "DaemonContract",
-    "HandlerResult",
-    "LeaseChange",
-    "LeaseGate",
-    "LeasesState",
-    "NoArgs",
-    "OutputLease",
-    "ReleaseLeaseArgs",
-    "ReplyFn",
-    "StateModels",
-    "StatusPayload",
-    "VerbArgs",
-    "alarm_payload",
-    "contract_of",
-    "load_schema",
-    "register_lease_verbs",
-    "render_markdown",
-    "require_within",
-    "schema_documents",
-    "stale_schemas",
-    "write_schemas",
-]
+__all__: list[str] = []
+__all__ += _contract.__all__
+__all__ += _leases.__all__
+__all__ += _router.__all__
+__all__ += _envelope.__all__

@@ -398,22 +398,30 @@ class CommandRouter:
         pending, o.pending = o.pending, None
         try:
             result = await pending
-        except CommandError as err:
-            code = err.code if isinstance(err.code, str) and err.code else INTERNAL_ERROR
-            o.refuse(code, str(err) or code)
         except Exception as err:
-            self._log.error(
-                "command_handler_failed", user=_clip(o.user), verb=o.verb,
-                request_id=o.request_id, error=repr(err), exc_info=True,
-                note="handlers validate before they mutate: nothing was applied",
-            )
-            o.refuse(INTERNAL_ERROR, f"{o.verb} failed ({type(err).__name__}); nothing was "
-                     "applied; the daemon's log has the details")
+            self._handler_failed(o, err)
         else:
             o.ok, o.code, o.state = True, OUTCOME_OK, self._state_of(o.verb, result)
         finally:
             self._inflight.discard(o.key)
         self._remember(o)
+
+    def _handler_failed(self, o: _Outcome, err: Exception) -> None:
+        """A handler raised: a `CommandError` refuses with its code; anything else is
+        ``internal_error``, logged with its traceback (handlers validate before they mutate,
+        so nothing was applied)."""
+        if isinstance(err, CommandError):
+            code = err.code if isinstance(err.code, str) and err.code else INTERNAL_ERROR
+            o.refuse(code, str(err) or code)
+            return
+        self._log.error(
+            "command_handler_failed", user=_clip(o.user), verb=o.verb,
+            request_id=o.request_id, error=repr(err), exc_info=(type(err), err,
+                                                                err.__traceback__),
+            note="handlers validate before they mutate: nothing was applied",
+        )
+        o.refuse(INTERNAL_ERROR, f"{o.verb} failed ({type(err).__name__}); nothing was "
+                 "applied; the daemon's log has the details")
 
     def _decide(self, o: _Outcome, env: CommandEnvelope, msg: Message) -> None:
         """Checks 6-10 of the module docstring; fills ``o``."""
@@ -456,18 +464,8 @@ class CommandRouter:
         )
         try:
             result = spec.handler(args, ctx)
-        except CommandError as err:
-            code = err.code if isinstance(err.code, str) and err.code else INTERNAL_ERROR
-            o.refuse(code, str(err) or code)
-            return
         except Exception as err:
-            self._log.error(
-                "command_handler_failed", user=_clip(o.user), verb=o.verb,
-                request_id=env.request_id, error=repr(err), exc_info=True,
-                note="handlers validate before they mutate: nothing was applied",
-            )
-            o.refuse(INTERNAL_ERROR, f"{o.verb} failed ({type(err).__name__}); nothing was "
-                     "applied; the daemon's log has the details")
+            self._handler_failed(o, err)
             return
         finally:
             took = self._clock.monotonic() - now_mono

@@ -39,29 +39,32 @@ from rackplane.core.samples import Sample
 from rackplane.errors import CommandError
 from racky.config import RackyConfig
 from racky.core import views
+from racky.core.agent_settings import (
+    AgentCommand,
+    DesiredTray,
+    Reconciler,
+    Sequencer,
+    diff_commands,
+)
 from racky.core.alarmbank import AlarmBank
 from racky.core.lifecycle import PersistedState
+from racky.core.linkframe import LinkFrame
 from racky.core.links import LINK_ALARM_KINDS, LinkHealth, LinkStep
 from racky.core.power import (
     POWER_ALARM_KINDS,
-    AgentCommand,
     BlastRadius,
     CapacityGuard,
     CapAllocator,
     Derate,
-    DesiredTray,
     LimitState,
-    Reconciler,
     RequestedCap,
-    Sequencer,
     ShelfView,
     TrayPowerView,
-    diff_commands,
     rack_limit,
     read_shelves,
     smoothing,
 )
-from racky.core.telemetry import LinkFrame, TrayReading, TrayTable
+from racky.core.telemetry import TrayReading, TrayTable
 from racky.core.thermal import (
     THERMAL_ALARM_KINDS,
     CoolingReading,

@@ -58,7 +58,7 @@ from rackplane.core.detect import (
 )
 from racky.config import LinkSettings, TrafficSettings
 from racky.core.alarmbank import AlarmKind
-from racky.core.telemetry import LinkFrame
+from racky.core.linkframe import LinkFrame
 
 __all__ = ["LINK_ALARM_KINDS", "LinkHealth", "LinkStep"]
 

@@ -53,22 +53,15 @@ from racky.config import (
     ShelfPoints,
 )
 from racky.core.agent_settings import (
-    CAP_REFRESH_S,
-    CAP_TTL_S,
-    AgentCommand,
-    DesiredTray,
-    Reconciler,
-    Sequencer,
-    diff_commands,
     with_powered,
 )
 from racky.core.alarmbank import AlarmKind
 from racky.core.telemetry import TrayTable
 
-__all__ = ["CAP_REFRESH_S", "CAP_TTL_S", "GRID_EFFICIENCY", "POWER_ALARM_KINDS",
-           "AgentCommand", "BlastRadius", "CapAllocator", "CapacityGuard", "Derate",
-           "DesiredTray", "LimitState", "Reconciler", "RequestedCap", "Sequencer",
-           "ShelfView", "SmoothingSettings", "TrayPowerView", "diff_commands", "rack_limit",
+__all__ = ["GRID_EFFICIENCY", "POWER_ALARM_KINDS",
+           "BlastRadius", "CapAllocator", "CapacityGuard", "Derate",
+           "LimitState", "RequestedCap",
+           "ShelfView", "SmoothingSettings", "TrayPowerView", "rack_limit",
            "read_shelves", "smoothing", "with_powered"]
 
 POWER_ALARM_KINDS: tuple[AlarmKind, ...] = (

@@ -68,7 +68,7 @@ from racky.core.linkframe import (
 )
 
 __all__ = ["CAPPED_DEMAND_FACTOR", "CLOCK_STEP_BACK_NS", "TS_NS_MAX", "AgentReading",
-           "LinkFrame", "PayloadError", "StaleMessage", "TelemetryIngest", "TrayReading",
+           "StaleMessage", "TelemetryIngest", "TrayReading",
            "TrayTable", "decode_payload", "infer_gpu_demand_w"]
 
 class StaleMessage(PayloadError):

@@ -33,7 +33,7 @@ from tests.adapters.mqtt_proxy import MqttProxy
 from valvey.commands import register_valvey_commands
 from valvey.config import CduPoints, ControlSettings
 from valvey.core.controller import ValveyCore
-from valvey.core.supply_loop import SupplyLoopSettings
+from valvey.core.supply_loop_settings import SupplyLoopSettings
 
 CLOCK = SystemClock()
 USERS = {"alice": "operator", "viewer": "reader"}

@@ -130,6 +130,9 @@ class LagMonitor:
             self._task.cancel()
 
 
+_NO_CODE = compile("", "<none>", "exec")
+
+
 @contextlib.asynccontextmanager
 async def amqtt_broker(plugins: dict[str, Any] | None = None) -> AsyncIterator[int]:
     """An amqtt 0.12 broker (the demo's embedded MQTT 3.1.1 broker) in this event loop."""
@@ -153,6 +156,14 @@ async def amqtt_broker(plugins: dict[str, Any] | None = None) -> AsyncIterator[i
         # a full run: the test hung to its 300 s timeout); bounded, it is only a test broker.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(broker.shutdown(), 10)
+        # ... and its shutdown sometimes leaves its broadcast loop and session monitor running
+        # (seen in CI): the broker's owner ends them, so no test leaks a task through it
+        left = [t for t in asyncio.all_tasks() if not t.done()
+                and "/amqtt/" in getattr(t.get_coro(), "cr_code", _NO_CODE).co_filename]
+        for t in left:
+            t.cancel()
+        if left:
+            await asyncio.wait(left, timeout=5)
 
 
 # --- topics and payloads (pure) -------------------------------------------------------------

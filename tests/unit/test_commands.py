@@ -46,7 +46,11 @@ from rackplane.settings import CommandSettings, Identity, MqttSettings
 from valvey.commands import VALVEY_OUTPUTS, register_valvey_commands, valvey_verb_args
 from valvey.config import CduPoints, ControlSettings, ValveyConfig
 from valvey.core.controller import ValveyCore
-from valvey.core.supply_loop import SUPPLY_LOOP_FAILSAFE, SUPPLY_PV_INVALID, SupplyLoopSettings
+from valvey.core.supply_loop_settings import (
+    SUPPLY_LOOP_FAILSAFE,
+    SUPPLY_PV_INVALID,
+    SupplyLoopSettings,
+)
 
 USERS = {"alice": "operator", "bms": "automation", "viewer": "reader"}
 HANDLER_CODES = {"out_of_range", "invalid_value", "unknown_alarm", "invalid_shelve_time"}

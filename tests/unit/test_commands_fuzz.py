@@ -44,9 +44,9 @@ from rackplane.io.mqtt import Message, MqttLink
 from rackplane.settings import CommandSettings, Identity, MqttSettings
 from racky.commands import register_racky_commands
 from racky.config import RackyConfig
+from racky.core.agent_settings import AgentCommand
 from racky.core.controller import RackyCore
 from racky.core.lifecycle import Lifecycle, PersistedState
-from racky.core.power import AgentCommand
 from tests.unit.test_commands import CaptureLog, drive, loop_fingerprint, make_rig
 
 USERS = {"alice": "operator", "bms": "automation", "viewer": "reader"}

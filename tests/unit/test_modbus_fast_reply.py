@@ -12,7 +12,8 @@ import pytest
 from pymodbus.framer import FramerSocket
 from pymodbus.pdu import DecodePDU
 
-from rackplane.io.modbus import ModbusStats, _Expect, _FastReply, _ReplyGuard, _StrictSocketFramer
+from rackplane.io.modbus import ModbusStats
+from rackplane.io.modbus.client import _Expect, _FastReply, _ReplyGuard, _StrictSocketFramer
 
 
 def _frame(tid: int, unit: int, fc: int, regs: list[int]) -> bytes:

@@ -124,6 +124,24 @@ def test_an_agent_reply_with_ok_as_a_string_is_not_success(racky: Racky) -> None
     assert racky.agent_stats["refused"] == 1 and racky.agent_stats["ok"] == 0
 
 
+@pytest.mark.parametrize("payload", [
+    b"[" * 100_000 + b"]" * 100_000,      # nesting past the parser's recursion limit
+    b"{" + b" " * (1 << 20) + b"}",       # past MAX_INPUT_PAYLOAD_BYTES
+    b"\xff\xfe not utf-8",
+    b'["r1", true]',                     # JSON, not an object
+])
+def test_a_malformed_agent_reply_is_refused_like_every_input(racky: Racky,
+                                                             payload: bytes) -> None:
+    """Agent replies get the bounds every other input has: never a crash, the pending
+    command stays pending (it times out as lost), the problem is kept for the log."""
+    racky._pending["r1"] = ((3,), 0.0)
+    topic = f"{racky.agent_base}/cmd/racky/set_power_limits/result"
+    racky._on_agent_reply(Message(topic, payload, qos=1, retain=False, received_mono=1.0))
+    assert "r1" in racky._pending
+    assert racky.agent_stats["ok"] == racky.agent_stats["refused"] == 0
+    assert "agent_reply" in racky.rack_tick.payload_problems
+
+
 def test_a_silent_tray_is_alarmed_and_never_counted_as_zero_watts() -> None:
     """Tray 5's agent goes silent: its reading ages, ``tray_stale.tray05`` is raised, and the
     rack's IT power (no shelves here) becomes unknown instead of the sum of the other 17."""

@@ -21,9 +21,9 @@ from rackplane.io.mqtt import Message, MqttLink
 from rackplane.settings import CommandSettings, Identity, MqttSettings
 from racky.commands import register_racky_commands
 from racky.config import BlastRadiusSettings, RackyConfig
+from racky.core.agent_settings import AgentCommand
 from racky.core.controller import RackyCore, RackyInputs
 from racky.core.lifecycle import Lifecycle, PersistedState
-from racky.core.power import AgentCommand
 from tests.unit.test_commands import CaptureLog, drive
 
 USERS = {"alice": "operator", "bob": "operator", "bms": "automation", "viewer": "reader"}

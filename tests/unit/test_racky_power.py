@@ -15,15 +15,12 @@ from racky.config import (
     SequencingSettings,
     ShelfPoints,
 )
+from racky.core.agent_settings import DesiredTray, Reconciler, Sequencer, diff_commands
 from racky.core.power import (
     BlastRadius,
     CapAllocator,
-    DesiredTray,
-    Reconciler,
     RequestedCap,
-    Sequencer,
     TrayPowerView,
-    diff_commands,
     rack_limit,
     read_shelves,
     smoothing,
@@ -254,7 +251,7 @@ def test_rack_power_for_valvey_is_unknown_while_a_shelf_is_offline() -> None:
 
 
 def test_wire_args_are_contract_v1_never_null_with_a_ttl_on_caps() -> None:
-    from racky.core.power import CAP_TTL_S, AgentCommand
+    from racky.core.agent_settings import CAP_TTL_S, AgentCommand
     from sims.telemetry import SetPowerLimitsArgs
 
     new = [DesiredTray(power_cap_w=4000.0, ramp_up_w_per_s=50.0), DesiredTray()]
@@ -296,7 +293,7 @@ def test_wire_args_applied_by_a_simulated_agent_hold_the_desired_settings() -> N
 
 
 def test_reconciler_refreshes_capped_trays_before_their_ttl() -> None:
-    from racky.core.power import CAP_REFRESH_S, CAP_TTL_S
+    from racky.core.agent_settings import CAP_REFRESH_S, CAP_TTL_S
 
     assert CAP_REFRESH_S * 3 <= CAP_TTL_S
     rec = Reconciler(PowerSettings(), 2)

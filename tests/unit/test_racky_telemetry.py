@@ -12,7 +12,8 @@ import pytest
 
 from rackplane.settings import Identity
 from racky.config import RackyConfig
-from racky.core.telemetry import PayloadError, TelemetryIngest
+from racky.core.linkframe import PayloadError
+from racky.core.telemetry import TelemetryIngest
 from sims.scenario import FabricSpec, ScenarioRun, load_scenario
 
 

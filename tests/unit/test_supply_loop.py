@@ -18,12 +18,12 @@ from rackplane.config import validate_data
 from rackplane.core.alarms import AlarmEngine
 from rackplane.core.samples import Quality, Sample, good, invalid
 from rackplane.errors import CommandError, ConfigError
-from valvey.core.supply_loop import (
+from valvey.core.supply_loop import SupplyLoop
+from valvey.core.supply_loop_settings import (
     SUPPLY_LOOP_FAILSAFE,
     SUPPLY_PV_INVALID,
     SUPPLY_TEMP_DEVIATION,
     LoopStep,
-    SupplyLoop,
     SupplyLoopSettings,
     default_alarm_defs,
 )

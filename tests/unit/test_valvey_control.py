@@ -9,7 +9,8 @@ from typing import Any
 from harness.lockstep_valvey import run_valvey
 from sims.scenario import EnvironmentSpec, FaultSpec, ScenarioRun, load_scenario
 from valvey.config import ValveyConfig
-from valvey.core.controller import ValveyCore, dew_point_c
+from valvey.core.controller import ValveyCore
+from valvey.core.output import dew_point_c
 
 
 def _steady(duration_s: float, **upd: Any) -> Any:

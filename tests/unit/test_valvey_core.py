@@ -5,7 +5,7 @@ from __future__ import annotations
 from rackplane.core.samples import Sample, good
 from valvey.config import CduPoints, ControlSettings
 from valvey.core.controller import ValveyCore
-from valvey.core.supply_loop import SupplyLoopSettings
+from valvey.core.supply_loop_settings import SupplyLoopSettings
 
 T0 = 1000.0
 

@@ -21,7 +21,8 @@ from rackplane.io.selfmetrics import TELEMETRY_ALARMS
 from valvey.app import Valvey
 from valvey.commands import valvey_contract
 from valvey.config import ValveyConfig
-from valvey.core.supply_loop import SupplyLoop, SupplyLoopSettings
+from valvey.core.supply_loop import SupplyLoop
+from valvey.core.supply_loop_settings import SupplyLoopSettings
 from valvey.persist import (
     STATE_FORMAT,
     CommandState,

@@ -39,8 +39,6 @@ from valvey.core.alarm_defs import alarm_defs
 from valvey.core.capacity import CapacityGuard, CapacityStep
 from valvey.core.feedforward import DynamicFeedforward
 from valvey.core.output import (
-    PUMP_CONSTRAINT_CODES,
-    VALVE_CONSTRAINT_CODES,
     CoreOutput,
     dew_point_c,
 )
@@ -49,18 +47,14 @@ from valvey.core.requests import RackyReply, RequestTracker
 from valvey.core.safety import Safety, SafetyStep
 from valvey.core.sensors import SupplyVoter, VoterResult
 from valvey.core.step_test import StepTest
-from valvey.core.supply_loop import LoopStep, SupplyLoop, SupplyLoopSettings
+from valvey.core.supply_loop import SupplyLoop
+from valvey.core.supply_loop_settings import LoopStep, SupplyLoopSettings
 from valvey.core.valves import ValveManager, ValveUnit
 
 __all__ = [
     "HEARTBEAT_MODULUS",
-    "PUMP_CONSTRAINT_CODES",
     "SLOW_TICKS",
-    "VALVE_CONSTRAINT_CODES",
-    "CoreOutput",
     "ValveyCore",
-    "alarm_defs",
-    "dew_point_c",
 ]
 
 HEARTBEAT_MODULUS = 65536  # a uint16 register

@@ -49,7 +49,7 @@ from rackplane.core.pid import PidLoop, PidSettings
 from rackplane.core.samples import Sample, fresh_value, slots_constructor
 from valvey.core.pump_settings import Constraint, PumpLoopSettings, PumpSettings, PumpUnit
 
-__all__ = ["PumpLoopSettings", "PumpManager", "PumpSettings", "PumpStep", "PumpUnit"]
+__all__ = ["PumpManager", "PumpStep", "PumpUnit"]
 
 _EPS = 1e-9
 

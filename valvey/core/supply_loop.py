@@ -55,27 +55,13 @@ from valvey.core.supply_loop_settings import (
     SUPPLY_VALVE_SATURATED,
     TICK_S,
     ControlMode,
-    LoopMode,
     LoopStep,
     PvStatus,
     SupplyLoopSettings,
-    default_alarm_defs,
 )
 
 __all__ = [
-    "SUPPLY_LOOP_FAILSAFE",
-    "SUPPLY_LOOP_INITIALISING",
-    "SUPPLY_PV_INVALID",
-    "SUPPLY_TEMP_DEVIATION",
-    "SUPPLY_VALVE_SATURATED",
-    "TICK_S",
-    "ControlMode",
-    "LoopMode",
-    "LoopStep",
-    "PvStatus",
     "SupplyLoop",
-    "SupplyLoopSettings",
-    "default_alarm_defs",
 ]
 
 _PERIOD_TOLERANCE_S = TICK_S / 2

@@ -62,84 +62,14 @@ exception 3 shrinks the request size along `SHRINK_LADDER`.
 """
 
 
-from rackplane.core.registers.codec import (
-    Decoded,
-    EncodedWrite,
-    decode_point,
-    decoded_sample,
-    encode_value,
-    encode_write,
-    from_engineering,
-    raw_from_registers,
-    raw_to_registers,
-    to_engineering,
-)
-from rackplane.core.registers.maps import (
-    BIT_TABLES,
-    MAX_READ_BITS,
-    MAX_READ_REGISTERS,
-    READ_FUNCTION,
-    REGISTER_TABLES,
-    SHRINK_LADDER,
-    TABLES,
-    TINY_FLOAT_ABS,
-    TYPE_WORDS,
-    DataType,
-    DeviceInfo,
-    PointSpec,
-    RegisterMap,
-    Table,
-    WordOrder,
-    bundled_register_maps,
-    load_register_map,
-    parse_register_map,
-)
-from rackplane.core.registers.planning import (
-    BlockDecode,
-    BlockDecoder,
-    Learned,
-    ReadBlock,
-    ReadMemory,
-    learn_from_exception,
-    plan_reads,
-    samples_from_block,
-)
+from rackplane.core.registers import codec as _codec
+from rackplane.core.registers import maps as _maps
+from rackplane.core.registers import planning as _planning
+from rackplane.core.registers.codec import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.core.registers.maps import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.core.registers.planning import *  # noqa: F403 (the package's public names: its modules' __all__)
 
-__all__ = [
-    "BIT_TABLES",
-    "MAX_READ_BITS",
-    "MAX_READ_REGISTERS",
-    "READ_FUNCTION",
-    "REGISTER_TABLES",
-    "SHRINK_LADDER",
-    "TABLES",
-    "TINY_FLOAT_ABS",
-    "TYPE_WORDS",
-    "BlockDecode",
-    "BlockDecoder",
-    "DataType",
-    "Decoded",
-    "DeviceInfo",
-    "EncodedWrite",
-    "Learned",
-    "PointSpec",
-    "ReadBlock",
-    "ReadMemory",
-    "RegisterMap",
-    "Table",
-    "WordOrder",
-    "bundled_register_maps",
-    "decode_point",
-    "decoded_sample",
-    "encode_value",
-    "encode_write",
-    "from_engineering",
-    "learn_from_exception",
-    "load_register_map",
-    "parse_register_map",
-    "plan_reads",
-    "raw_from_registers",
-    "raw_to_registers",
-    "samples_from_block",
-    "to_engineering",
-]
+__all__: list[str] = []
+__all__ += _codec.__all__
+__all__ += _maps.__all__
+__all__ += _planning.__all__

@@ -80,35 +80,11 @@ before, in runs alternated with them: 1.10-1.25x).
 """
 
 
-from rackplane.io.modbus.client import (
-    _Expect as _Expect,
-)
-from rackplane.io.modbus.client import (
-    _FastReply as _FastReply,
-)
-from rackplane.io.modbus.client import (
-    _ReplyGuard as _ReplyGuard,
-)
-from rackplane.io.modbus.client import (
-    _StrictSocketFramer as _StrictSocketFramer,
-)
-from rackplane.io.modbus.device import ModbusDevice, ModbusSerialTargetSettings
-from rackplane.io.modbus.support import (
-    MAX_PLAN_RETRIES_PER_POLL,
-    MIN_POLL_INTERVAL_S,
-    MIN_RECONNECT_DELAY_S,
-    OUTER_TIMEOUT_MARGIN_S,
-    RECEIVE_BUFFER_BYTES,
-    ModbusStats,
-)
+from rackplane.io.modbus import device as _device
+from rackplane.io.modbus import support as _support
+from rackplane.io.modbus.device import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.io.modbus.support import *  # noqa: F403 (the package's public names: its modules' __all__)
 
-__all__ = [
-    "MAX_PLAN_RETRIES_PER_POLL",
-    "MIN_POLL_INTERVAL_S",
-    "MIN_RECONNECT_DELAY_S",
-    "OUTER_TIMEOUT_MARGIN_S",
-    "RECEIVE_BUFFER_BYTES",
-    "ModbusDevice",
-    "ModbusSerialTargetSettings",
-    "ModbusStats",
-]
+__all__: list[str] = []
+__all__ += _device.__all__
+__all__ += _support.__all__

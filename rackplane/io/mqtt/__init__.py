@@ -58,27 +58,14 @@ reach the socket; tests/adapters/test_mqtt.py fails if any of that changes):
   time, TEST-SERVERS.md); the sender therefore keeps a batch of publishes in flight at once.
 """
 
-from rackplane.core.topics import (
-    Handler,
-    Message,
-    Topics,
-    encode_json,
-    topic_matches,
-    validate_topic,
-    validate_topic_filter,
-)
-from rackplane.io.mqtt.link import MqttLink
-from rackplane.io.mqtt.queues import MqttStats, PublishRefused
+from rackplane.core import topics as _topics
+from rackplane.core.topics import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.io.mqtt import link as _link
+from rackplane.io.mqtt import queues as _queues
+from rackplane.io.mqtt.link import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.io.mqtt.queues import *  # noqa: F403 (the package's public names: its modules' __all__)
 
-__all__ = [
-    "Handler",
-    "Message",
-    "MqttLink",
-    "MqttStats",
-    "PublishRefused",
-    "Topics",
-    "encode_json",
-    "topic_matches",
-    "validate_topic",
-    "validate_topic_filter",
-]
+__all__: list[str] = []
+__all__ += _topics.__all__
+__all__ += _link.__all__
+__all__ += _queues.__all__

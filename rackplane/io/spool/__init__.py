@@ -51,32 +51,11 @@ line a call, ~1.1-1.4 M lines/s in batches of 100-1,000 (one ``os.write`` a batc
 """
 
 
-from rackplane.io.spool.format import (
-    CURSOR_FILE,
-    FORMAT_VERSION,
-    HEADER,
-    HEADER_LEN,
-    LOCK_FILE,
-    REPLAY_CURSOR_FILE,
-    Cursor,
-    SpoolStats,
-    SpoolWriteError,
-    segment_name,
-)
-from rackplane.io.spool.store import Spool, check_format, check_spool_config
+from rackplane.io.spool import format as _format
+from rackplane.io.spool import store as _store
+from rackplane.io.spool.format import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.io.spool.store import *  # noqa: F403 (the package's public names: its modules' __all__)
 
-__all__ = [
-    "CURSOR_FILE",
-    "FORMAT_VERSION",
-    "HEADER",
-    "HEADER_LEN",
-    "LOCK_FILE",
-    "REPLAY_CURSOR_FILE",
-    "Cursor",
-    "Spool",
-    "SpoolStats",
-    "SpoolWriteError",
-    "check_format",
-    "check_spool_config",
-    "segment_name",
-]
+__all__: list[str] = []
+__all__ += _format.__all__
+__all__ += _store.__all__

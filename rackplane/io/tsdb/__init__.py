@@ -50,41 +50,14 @@ client (``InfluxDBClientAsync``) would need aiohttp, not installed; the thread i
 """
 
 
-from rackplane.io.tsdb.influx import (
-    EVENT_MEASUREMENTS,
-    EVENT_MEMORY_FACTOR,
-    TS_MAX_NS,
-    TS_MIN_NS,
-    FieldValue,
-    LineCounters,
-    OutcomeKind,
-    SendOutcome,
-    check_tags,
-    classify_status,
-    line_measurement,
-    point_line,
-)
-from rackplane.io.tsdb.influx import (
-    _backoff_s as _backoff_s,
-)
-from rackplane.io.tsdb.replay import ReplayResult, replay
-from rackplane.io.tsdb.writer import TelemetryStats, TelemetryWriter
+from rackplane.io.tsdb import influx as _influx
+from rackplane.io.tsdb import replay as _replay
+from rackplane.io.tsdb import writer as _writer
+from rackplane.io.tsdb.influx import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.io.tsdb.replay import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.io.tsdb.writer import *  # noqa: F403 (the package's public names: its modules' __all__)
 
-__all__ = [
-    "EVENT_MEASUREMENTS",
-    "EVENT_MEMORY_FACTOR",
-    "TS_MAX_NS",
-    "TS_MIN_NS",
-    "FieldValue",
-    "LineCounters",
-    "OutcomeKind",
-    "ReplayResult",
-    "SendOutcome",
-    "TelemetryStats",
-    "TelemetryWriter",
-    "check_tags",
-    "classify_status",
-    "line_measurement",
-    "point_line",
-    "replay",
-]
+__all__: list[str] = []
+__all__ += _influx.__all__
+__all__ += _replay.__all__
+__all__ += _writer.__all__
