@@ -14,32 +14,31 @@ until the face answers again and the daemon has reconnected (modelled as the fir
 ``cdu.timeout_s + cdu.reconnect_min_s`` after the blackhole ends: the request in flight
 times out, then the minimum reconnect delay).
 
-The encoder is compiled per point for speed (the harness encodes ~24 points per 10 Hz tick;
-a point whose value did not change keeps its registers); `tests/unit/test_lockstep_cdu_face.py`
-checks it word for word against `encode_value` and `encode_readings` on random and special
-values of every point of the bundled maps, and the polled samples against `decode_point` of
-the face's registers over a sequence of repeated, changing, sentinel and held values.
+The values are encoded by the register codec's compiled encoders
+(`rackplane.core.registers.compile_point_encoder`, the same the simulator's faces use; a point
+whose value did not change keeps its registers); `tests/unit/test_lockstep_cdu_face.py` checks
+the polled samples against `decode_point` of the face's registers over a sequence of
+repeated, changing, sentinel and held values.
 """
 
 from __future__ import annotations
 
 import math
-import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from rackplane.core.polling import all_stale
 from rackplane.core.registers import (
-    BIT_TABLES,
     BlockDecoder,
     PointSpec,
     RegisterMap,
+    compile_point_encoder,
     plan_reads,
 )
 from rackplane.core.samples import Sample
 from rackplane.settings import ModbusTargetSettings
 
-__all__ = ["SLOW_SUFFIXES", "CduFace", "compile_encoder", "compile_fast", "encode_point"]
+__all__ = ["SLOW_SUFFIXES", "CduFace"]
 
 SLOW_SUFFIXES = ("_run_hours_h", "reservoir_level_pct", "filter_diff_pressure_kpa",
                  "rack_isolation_open", "rack_isolation_closed", "rack_isolation_command",
@@ -53,150 +52,6 @@ MAX_GAP_FAST = 125
 """Gap allowed between the 10 Hz points' reads (they share requests across the slow points'
 registers; the decoder decodes only the points of a block)."""
 
-_K_BIT, _K_BOOL, _K_INT, _K_F32, _K_F64 = range(5)
-_SIGNED = frozenset({"int16", "int32", "int64"})
-_pack_f32 = struct.Struct(">f").pack
-_pack_f64 = struct.Struct(">d").pack
-_floor = math.floor
-
-Encoder = tuple[Any, ...]
-
-
-def _reciprocal(scale: float) -> int | None:
-    inv = 1.0 / scale
-    n = round(inv)
-    return n if n >= 2 and abs(inv - n) <= 1e-9 * n else None
-
-
-def _words_of(raw_u: int, words: int, order: str) -> list[int]:
-    regs = [(raw_u >> (16 * (words - 1 - i))) & 0xFFFF for i in range(words)]
-    if order in ("CDAB", "DCBA"):
-        regs.reverse()
-    if order in ("BADC", "DCBA"):
-        regs = [((r & 0xFF) << 8) | (r >> 8) for r in regs]
-    return regs
-
-
-def compile_encoder(p: PointSpec) -> Encoder:
-    """``p``'s encoder for `encode_point` (everything that does not depend on the value)."""
-    if p.table in BIT_TABLES:
-        kind = _K_BIT
-    elif p.type == "bool":
-        kind = _K_BOOL
-    elif p.type == "float32":
-        kind = _K_F32
-    elif p.type == "float64":
-        kind = _K_F64
-    else:
-        kind = _K_INT
-    words = 1 if p.table in BIT_TABLES else p.words
-    bits = 16 * p.words
-    if p.type in _SIGNED:
-        lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-    else:
-        lo, hi = 0, 2**bits - 1
-    sent = None
-    if p.sentinels:
-        sent = tuple(_words_of(p.sentinels[0], p.words, p.order)) if kind != _K_BIT else (
-            1 if p.sentinels[0] else 0,)
-    return (p.name, kind, words, p.order, p.order == "ABCD", _reciprocal(p.scale), p.scale,
-            p.offset, lo, hi, 1 << bits, sent)
-
-
-def encode_point(enc: Encoder, v: float, sentinel: bool) -> Sequence[int] | None:
-    """The registers (wire order; ``[0|1]`` for a bit) the face serves for value ``v``, or
-    None when the point keeps its last registers: equal to `sims.runtime.encode_readings`
-    then `rackplane.core.registers.encode_value` (``sentinel``: the point is in the
-    scenario's sentinel faults)."""
-    _, kind, words, order, plain, n, scale, off, lo, hi, span, sent = enc
-    if sentinel and sent is not None:
-        return sent
-    if kind >= _K_F32:
-        number = ((v - off) * n if n is not None else (v - off) / scale) if v - v == 0.0 else v
-        if kind == _K_F32:
-            try:
-                raw = int.from_bytes(_pack_f32(number), "big")
-            except OverflowError:
-                return None
-            if plain:
-                return (raw >> 16, raw & 0xFFFF)
-            if order == "CDAB":
-                return (raw & 0xFFFF, raw >> 16)
-        else:
-            raw = int.from_bytes(_pack_f64(number), "big")
-        return _words_of(raw, words, order)
-    if v - v != 0.0:  # NaN or ±inf of an integer type
-        return sent
-    if kind == _K_BIT:
-        return None if v != 0 and v != 1 else ((1,) if v else (0,))
-    if kind == _K_BOOL:
-        return None if v != 0 and v != 1 else _words_of(int(v), words, order)
-    x = (v - off) * n if n is not None else (v - off) / scale
-    a = -x if x < 0 else x
-    whole = _floor(a)
-    frac = a - whole
-    if 0.4999999 < frac < 0.5000001:  # near a half: `_round_half_away` exactly
-        x = round(x, 9)
-        a = -x if x < 0 else x
-        whole = _floor(a)
-        frac = a - whole
-    # elsewhere rounding x to 9 decimals first changes neither the nearest integer nor
-    # the side of the half
-    r = whole + 1 if frac >= 0.5 else whole
-    if x < 0:
-        r = -r
-    if not lo <= r <= hi:
-        return None
-    raw = r % span
-    if words == 1:
-        return ((((raw & 0xFF) << 8) | (raw >> 8)),) if order in ("BADC", "DCBA") else (raw,)
-    if plain:
-        return (raw >> 16, raw & 0xFFFF) if words == 2 else _words_of(raw, words, order)
-    return _words_of(raw, words, order)
-
-
-def compile_fast(p: PointSpec) -> Callable[[float, bool], Sequence[int] | None]:
-    """``p``'s encoder as one call ``(value, sentinel) -> registers | None``, the same
-    results as `encode_point`; specialised for the common register kinds (a one-register
-    integer without byte swap, a float32 in ABCD or CDAB order), else `encode_point`."""
-    enc = compile_encoder(p)
-    _, kind, words, order, _, n, scale, off, lo, hi, span, sent = enc
-
-    def generic(v: float, sentinel: bool) -> Sequence[int] | None:
-        return encode_point(enc, v, sentinel)
-
-    if kind == _K_INT and words == 1 and order in ("ABCD", "CDAB") and n is not None:
-        def int16(v: float, sentinel: bool) -> Sequence[int] | None:
-            if (sentinel and sent is not None) or v - v != 0.0:
-                return sent  # a sentinel fault, or NaN/inf: the sentinel (None: held)
-            x = (v - off) * n
-            a = -x if x < 0 else x
-            whole = _floor(a)
-            frac = a - whole
-            if 0.4999999 < frac < 0.5000001:
-                return generic(v, sentinel)
-            r = whole + 1 if frac >= 0.5 else whole
-            if x < 0:
-                r = -r
-            if r < lo or r > hi:
-                return None
-            return (r % span,)
-        return int16
-    if kind == _K_F32 and order in ("ABCD", "CDAB"):
-        swap = order == "CDAB"
-
-        def f32(v: float, sentinel: bool) -> Sequence[int] | None:
-            if sentinel and sent is not None:
-                return sent
-            number = ((v - off) * n if n is not None else (v - off) / scale) if (
-                v - v == 0.0) else v
-            try:
-                raw = int.from_bytes(_pack_f32(number), "big")
-            except OverflowError:
-                return None
-            return (raw & 0xFFFF, raw >> 16) if swap else (raw >> 16, raw & 0xFFFF)
-        return f32
-    return generic
 
 
 class CduFace:
@@ -228,7 +83,7 @@ class CduFace:
                  ) -> tuple[list[tuple[Any, ...]], list[Any]]:
         s = self.settings
         image = self._image
-        encs = [(p.name, compile_fast(p), image[p.table], p.address, p.address + p.words)
+        encs = [(p.name, compile_point_encoder(p), image[p.table], p.address, p.address + p.words)
                 for p in points]
         blocks = [(BlockDecoder(b), image[b.table], b.start, b.start + b.count)
                   for b in plan_reads(points, s.max_registers_per_read, max_gap)]

@@ -34,7 +34,6 @@ from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.core.alarms import AlarmEvent
 from rackplane.core.registers import RegisterMap, load_register_map
 from rackplane.core.samples import Quality, Sample
-from rackplane.core.topics import Topics
 from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask
 from rackplane.errors import ConfigError, MqttError
 from rackplane.io.modbus import ModbusDevice
@@ -150,7 +149,6 @@ class Racky(DaemonFrame[RackyConfig]):
     ):
         super().__init__(cfg, **options)
         clock = self.clock
-        ident = cfg.identity
         self.store = StateStore(state_path(cfg.lifecycle.state_file),
                                 cfg.lifecycle.initial_state)
         persisted = self.store.load(clock.wall_ns())
@@ -176,17 +174,13 @@ class Racky(DaemonFrame[RackyConfig]):
                   if s.host == cfg.discovery.host and s.port == cfg.discovery.port]
             self.plan = DiscoveryPlan(cfg.discovery, ex)
         self._device_started: dict[str, float] = {}
-        a = cfg.node_agents
         self.ingest = self.rack_tick.ingest
-        root = cfg.mqtt.topic_root
-        self.agent_topics = Topics(root, ident, a.daemon)
-        self.agent_base = self.agent_topics.base
-        self.agent_user = cfg.command_user
-        self.mqtt.subscribe(self.agent_topics.telemetry_filter, self._on_agent_telemetry, qos=0)
-        self.mqtt.subscribe(self.agent_topics.cmd_results(self.agent_user), self._on_agent_reply,
-                            qos=1)
+        topics = self.rack_tick.topics
+        self.agent_base = topics.agent_base
+        self.mqtt.subscribe(topics.telemetry, self._on_agent_telemetry, qos=0)
+        self.mqtt.subscribe(topics.replies, self._on_agent_reply, qos=1)
         c = cfg.cooling
-        self.cooling_topic = self.rack_tick.topics.cooling
+        self.cooling_topic = topics.cooling
         self.mqtt.subscribe(self.cooling_topic, self._on_cooling, qos=1)
         if c.plant_topic:
             self.mqtt.subscribe(c.plant_topic, self._on_plant, qos=0)
@@ -217,7 +211,7 @@ class Racky(DaemonFrame[RackyConfig]):
         self.latest[s.name] = {}
 
         def collect(samples: list[Sample], name: str = s.name) -> None:
-            self.latest[name] = {x.point: x for x in samples}
+            self.rack_tick.shelf_samples(name, samples)
 
         dev = ModbusDevice(s, clock=self.clock, on_samples=collect)
         self.devices[s.name] = dev
@@ -386,9 +380,9 @@ class Racky(DaemonFrame[RackyConfig]):
                     self.log.warning("shelf_dormant", unit=unit,
                                      note=f"re-probed every {cfg.discovery.reprobe_dormant_s} s")
                     self.stop_task(f"modbus:{name}")
-                    self.latest[name] = {
-                        k: s.as_stale("dormant") if s.quality is Quality.GOOD else s
-                        for k, s in self.latest.get(name, {}).items()}
+                    self.rack_tick.shelf_samples(name, [
+                        s.as_stale("dormant") if s.quality is Quality.GOOD else s
+                        for s in self.latest.get(name, {}).values()])
             await asyncio.sleep(1.0)
 
     async def _probe(self, unit: int, regmap: RegisterMap) -> bool:

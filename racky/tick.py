@@ -100,9 +100,10 @@ class TickEffects:
 
 @dataclass(frozen=True, slots=True)
 class TickTopics:
-    """The topics racky reads and writes besides its own ``state``/``alarm``/``cmd`` ones."""
+    """The topics racky reads and writes besides its own ``state``/``alarm``/``cmd`` ones,
+    built once from the config (`rackplane.core.topics.Topics` of its peers)."""
 
-    agent_base: str
+    agents: Topics
     agent_user: str
     tray_prefix: str
     cooling: str
@@ -112,14 +113,29 @@ class TickTopics:
     def of(cls, cfg: RackyConfig) -> TickTopics:
         """From the config (``mqtt.topic_root``, identity, ``node_agents``, ``cooling``)."""
         root, ident, c = cfg.mqtt.topic_root, cfg.identity, cfg.cooling
-        agents = Topics(root, ident, cfg.node_agents.daemon)
-        return cls(agents.base, cfg.command_user, cfg.node_agents.tray_thing_prefix,
+        return cls(Topics(root, ident, cfg.node_agents.daemon), cfg.command_user,
+                   cfg.node_agents.tray_thing_prefix,
                    Topics(root, ident, c.daemon).state(c.state_thing), c.plant_topic or None)
+
+    @property
+    def agent_base(self) -> str:
+        """``<root>/<site>/<rack>/<node agents' daemon>``."""
+        return self.agents.base
+
+    @property
+    def telemetry(self) -> str:
+        """The node agents' telemetry topics (a filter)."""
+        return self.agents.telemetry_filter
 
     @property
     def command(self) -> str:
         """Where racky sends ``set_power_limits``."""
-        return f"{self.agent_base}/cmd/{self.agent_user}/set_power_limits"
+        return self.agents.cmd(self.agent_user, "set_power_limits")
+
+    @property
+    def replies(self) -> str:
+        """The agents' replies to racky's commands (a filter)."""
+        return self.agents.cmd_results(self.agent_user)
 
 
 def sample_fields(samples: Iterable[Sample]) -> dict[str, float | None]:
@@ -186,9 +202,8 @@ class RackyTick:
         self._next_state = 0.0
         self._next_node = 0.0
         self._next_link = 0.0
-        a_pref = f"{self.topics.agent_base}/telemetry/"
-        self._telemetry_prefix = a_pref
-        self._reply_prefix = f"{self.topics.agent_base}/cmd/{self.topics.agent_user}/"
+        self._telemetry_prefix = self.topics.telemetry.removesuffix("+")
+        self._reply_prefix = self.topics.agents.cmd_base(self.topics.agent_user) + "/"
 
     # --- inputs -----------------------------------------------------------------------------
 

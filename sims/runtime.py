@@ -158,14 +158,22 @@ def plant_payload(run: ScenarioRun, ts_ns: int) -> dict[str, Any]:
 def serve_values(face: ModbusFace, regmap: RegisterMap, values: Mapping[str, float],
                  sentinel_points: frozenset[str] | set[str] = frozenset(),
                  unit: int | None = None) -> list[str]:
-    """Put plant readings into ``face``'s registers as the simulator serves them
-    (`encode_readings`: sentinels raw, unrepresentable values held). Returns the held names."""
-    ok, raw, held = _encode_readings(regmap, values, sentinel_points)
+    """Put plant readings into ``face``'s registers as the simulator serves them (the rules
+    of `encode_readings`: sentinels raw, unrepresentable values held), through the map's
+    compiled encoders (`RegisterMap.encoders`). Returns the held names."""
+    encoders = regmap.encoders
     by_name = regmap.by_name
-    for regs_of in (ok, raw):
-        for name, regs in regs_of.items():
-            p = by_name[name]
-            face.set_registers(p.table, p.address, regs, unit=unit)
+    held: list[str] = []
+    for name, v in values.items():
+        enc = encoders.get(name)
+        if enc is None:
+            continue
+        regs = enc(float(v), name in sentinel_points)
+        if regs is None:
+            held.append(name)
+            continue
+        p = by_name[name]
+        face.set_registers(p.table, p.address, list(regs), unit=unit)
     return held
 
 

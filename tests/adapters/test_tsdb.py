@@ -37,11 +37,11 @@ from rackplane.io.tsdb import (
     LineCounters,
     ReplayResult,
     TelemetryWriter,
-    _backoff_s,
     classify_status,
     point_line,
     replay,
 )
+from rackplane.io.tsdb.influx import _backoff_s
 from rackplane.settings import SpoolSettings, TsdbSettings
 from tests.adapters.tsdb_recording_server import RecordingTsdb, Reply
 

@@ -9,12 +9,15 @@ import random
 
 import pytest
 
-from harness.cdu_face import CduFace, compile_encoder, compile_fast, encode_point
+from harness.cdu_face import CduFace
 from rackplane.core.registers import (
     RegisterMap,
     bundled_register_maps,
+    compile_encoder,
+    compile_point_encoder,
     decode_point,
     decoded_sample,
+    encode_point,
     encode_value,
     load_register_map,
 )
@@ -44,7 +47,7 @@ def test_encoder_equals_the_simulator_face_word_for_word(ref: str) -> None:
     rng = random.Random(7)
     for p in regmap.points:
         enc = compile_encoder(p)
-        fast = compile_fast(p)
+        fast = compile_point_encoder(p)
         lo = p.valid_min if p.valid_min is not None else -1000.0
         hi = p.valid_max if p.valid_max is not None else 1000.0
         values = SPECIAL + [rng.uniform(lo - 10.0, hi + 10.0) for _ in range(300)] + [

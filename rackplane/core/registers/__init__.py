@@ -63,13 +63,16 @@ exception 3 shrinks the request size along `SHRINK_LADDER`.
 
 
 from rackplane.core.registers import codec as _codec
+from rackplane.core.registers import encoder as _encoder
 from rackplane.core.registers import maps as _maps
 from rackplane.core.registers import planning as _planning
 from rackplane.core.registers.codec import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.core.registers.encoder import *  # noqa: F403
 from rackplane.core.registers.maps import *  # noqa: F403 (the package's public names: its modules' __all__)
 from rackplane.core.registers.planning import *  # noqa: F403 (the package's public names: its modules' __all__)
 
 __all__: list[str] = []
 __all__ += _codec.__all__
+__all__ += _encoder.__all__
 __all__ += _maps.__all__
 __all__ += _planning.__all__

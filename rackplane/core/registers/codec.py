@@ -41,15 +41,15 @@ __all__ = [
 # --- decode / encode -------------------------------------------------------------------------
 
 
-def _to_words(raw_u: int, words: int, order: WordOrder) -> list[int]:
-    """Unsigned integer -> registers in wire order."""
-    data = raw_u.to_bytes(2 * words, "big")
-    regs = [data[2 * i : 2 * i + 2] for i in range(words)]
-    if order in _BYTE_SWAP:
-        regs = [w[::-1] for w in regs]
+def _to_words(raw_u: int, words: int, order: WordOrder | str) -> list[int]:
+    """Unsigned integer (``raw_u`` < 2**(16*words)) -> registers in wire order (the word
+    swap and the byte swap commute)."""
+    regs = [(raw_u >> (16 * (words - 1 - i))) & 0xFFFF for i in range(words)]
     if order in _WORD_SWAP:
         regs.reverse()
-    return [int.from_bytes(w, "big") for w in regs]
+    if order in _BYTE_SWAP:
+        regs = [((r & 0xFF) << 8) | (r >> 8) for r in regs]
+    return regs
 
 
 def _from_words(regs: Sequence[int], order: WordOrder) -> int:

@@ -9,7 +9,7 @@ import importlib.resources
 import itertools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -257,6 +257,14 @@ class RegisterMap(StrictModel):
     def by_name(self) -> Mapping[str, PointSpec]:
         """Points by name."""
         return {p.name: p for p in self.points}
+
+    @cached_property
+    def encoders(self) -> Mapping[str, Callable[[float, bool], Sequence[int] | None]]:
+        """Each point's compiled encoder by name
+        (`rackplane.core.registers.encoder.compile_point_encoder`), built once per map."""
+        from rackplane.core.registers.encoder import compile_point_encoder  # it imports us
+
+        return {p.name: compile_point_encoder(p) for p in self.points}
 
     def point(self, name: str) -> PointSpec:
         """The point called ``name``.
