@@ -308,8 +308,22 @@ class DaemonFrame(ABC, Generic[C]):
         if task is not None:
             task.cancel()
 
-    def _tick_and_notify(self, now: float) -> None:
+    def modbus_devices(self) -> Sequence[Any]:
+        """The daemon's Modbus owners (`rackplane.io.modbus.ModbusDevice`), for self-metrics."""
+        return ()
+
+    def pv_age_s(self, now: float) -> float | None:
+        """Age of the process value the daemon controls on, s (None: none read yet), for
+        self-metrics."""
+        return None
+
+    def run_tick(self, now: float) -> None:
+        """One tick as the ticker runs it: the daemon's `tick`, its self-metrics, the
+        watchdog, and READY after the first one."""
         self.tick(now)
+        self.selfmetrics.tick(now, tick_stats=self.tick_stats, writer=self.writer,
+                              mqtt=self.mqtt, commands=self.commands,
+                              devices=self.modbus_devices(), pv_age_s=self.pv_age_s(now))
         self.notifier.tick()
         if not self.first_step_done.is_set():
             self.first_step_done.set()
@@ -340,7 +354,7 @@ class DaemonFrame(ABC, Generic[C]):
             writer_task = tg.create_task(supervised("tsdb", self.writer.run, self.log)(),
                                          name="tsdb")
             ticker = tg.create_task(
-                run_ticker(self.cfg.control.tick_s, self._tick_and_notify, self.clock,
+                run_ticker(self.cfg.control.tick_s, self.run_tick, self.clock,
                            self.tick_stats),
                 name=self.tick_task_name,
             )

@@ -162,9 +162,9 @@ class Racky(DaemonFrame[RackyConfig]):
         self.core.bank.add_kinds(kind_of_def(d) for d in TELEMETRY_ALARMS)
         # node-agent contract v1: racky's epoch is its start (ms since the Unix epoch): agents
         # drop commands of an older racky
-        self.rack_tick = RackyTick(cfg, self.core, self._started,
+        self.racky_tick = RackyTick(cfg, self.core, self._started,
                                    agent_epoch=clock.wall_ns() // 1_000_000)
-        self.latest: dict[str, dict[str, Sample]] = self.rack_tick.latest
+        self.latest: dict[str, dict[str, Sample]] = self.racky_tick.latest
         self.devices: dict[str, ModbusDevice] = {}
         for s in cfg.power_shelves:
             self._add_device(s)
@@ -174,8 +174,8 @@ class Racky(DaemonFrame[RackyConfig]):
                   if s.host == cfg.discovery.host and s.port == cfg.discovery.port]
             self.plan = DiscoveryPlan(cfg.discovery, ex)
         self._device_started: dict[str, float] = {}
-        self.ingest = self.rack_tick.ingest
-        topics = self.rack_tick.topics
+        self.ingest = self.racky_tick.ingest
+        topics = self.racky_tick.topics
         self.agent_base = topics.agent_base
         self.mqtt.subscribe(topics.telemetry, self._on_agent_telemetry, qos=0)
         self.mqtt.subscribe(topics.replies, self._on_agent_reply, qos=1)
@@ -194,8 +194,8 @@ class Racky(DaemonFrame[RackyConfig]):
             register=lambda router, leases: register_racky_commands(
                 router, self.core, send=self._send_agent_commands,
                 on_alarm_events=self._alarms, lease_check=leases.check))
-        self._pending = self.rack_tick.pending
-        self.agent_stats = self.rack_tick.agent_stats
+        self._pending = self.racky_tick.pending
+        self.agent_stats = self.racky_tick.agent_stats
         self._send_failing = False
         self._bg: set[asyncio.Task[Any]] = set()
         self.reports: list[Path] = []
@@ -211,7 +211,7 @@ class Racky(DaemonFrame[RackyConfig]):
         self.latest[s.name] = {}
 
         def collect(samples: list[Sample], name: str = s.name) -> None:
-            self.rack_tick.shelf_samples(name, samples)
+            self.racky_tick.shelf_samples(name, samples)
 
         dev = ModbusDevice(s, clock=self.clock, on_samples=collect)
         self.devices[s.name] = dev
@@ -219,16 +219,16 @@ class Racky(DaemonFrame[RackyConfig]):
 
     def _on_message(self, msg: Message) -> None:
         """Any of racky's input subscriptions: into the tick (`RackyTick.message`)."""
-        self.rack_tick.message(msg.topic, msg.payload, retain=msg.retain,
+        self.racky_tick.message(msg.topic, msg.payload, retain=msg.retain,
                           received_mono=msg.received_mono or self.clock.monotonic(),
                           wall_ns=self.clock.wall_ns())  # wall-clock: age of a retained value
-        self.log_records(self.rack_tick.take_logs())
+        self.log_records(self.racky_tick.take_logs())
 
     _on_agent_telemetry = _on_agent_reply = _on_cooling = _on_plant = _on_message
 
     def cooling_reading(self) -> CoolingReading | None:
         """The cooling reading the next tick uses (`RackyTick.cooling_reading`)."""
-        return self.rack_tick.cooling_reading()
+        return self.racky_tick.cooling_reading()
 
     def _apply(self, eff: TickEffects) -> None:
         """Apply a tick's effects: logs, agent commands (queued), alarms, states, lines."""
@@ -253,7 +253,7 @@ class Racky(DaemonFrame[RackyConfig]):
 
     def _send_agent_commands(self, cmds: list[AgentCommand]) -> None:
         """Queue ``set_power_limits`` for each command (never raises)."""
-        self._apply(self.rack_tick.command_effects(cmds, self.clock.monotonic(),
+        self._apply(self.racky_tick.command_effects(cmds, self.clock.monotonic(),
                                                    self.clock.wall_ns()))
 
     async def _publish(self, topic: str, payload: dict[str, Any]) -> None:
@@ -271,15 +271,13 @@ class Racky(DaemonFrame[RackyConfig]):
 
     # --- the tick -----------------------------------------------------------------------
 
-    def _tick(self, now: float) -> None:
+    def tick(self, now: float) -> None:
+        """The 1 Hz tick (the frame adds self-metrics, the watchdog and READY):
+        `RackyTick.step`, its effects applied, state saves and reports spawned."""
         wall = self.clock.wall_ns()
-        eff = self.rack_tick.step(now, wall, telemetry_alarm_conditions(self.writer.stats))
+        eff = self.racky_tick.step(now, wall, telemetry_alarm_conditions(self.writer.stats))
         self.leases.tick(now, {})  # racky's safety acts through SAFETY_VERBS, not leases
         self._apply(eff)
-        self.selfmetrics.tick(now, tick_stats=self.tick_stats, writer=self.writer,
-                              mqtt=self.mqtt, commands=self.commands,
-                              devices=list(self.devices.values()),
-                              pv_age_s=self.pv_age_s(now))
         if eff.save_state:
             self._spawn(self._save_state())
         if eff.validation_result is not None:
@@ -291,9 +289,8 @@ class Racky(DaemonFrame[RackyConfig]):
         return pv_age_s([max(pts.values(), key=lambda x: x.t_mono)
                          for pts in self.latest.values() if pts], now)
 
-    def tick(self, now: float) -> None:
-        """The frame's tick hook: `_tick` (READY and the watchdog are the frame's)."""
-        self._tick(now)
+    def modbus_devices(self) -> Sequence[ModbusDevice]:
+        return tuple(self.devices.values())
 
     def ready_status(self) -> tuple[str, Mapping[str, Any]]:
         return "racky running", {"shelves": len(self.devices),
@@ -322,10 +319,10 @@ class Racky(DaemonFrame[RackyConfig]):
 
     def _alarms(self, events: list[AlarmEvent]) -> None:
         if events:
-            self._apply(self.rack_tick.alarm_effects(events, self.clock.wall_ns()))
+            self._apply(self.racky_tick.alarm_effects(events, self.clock.wall_ns()))
 
     def _publish_state(self, wall: int) -> None:
-        self._apply(self.rack_tick.state_effects(wall))
+        self._apply(self.racky_tick.state_effects(wall))
 
     def health(self) -> dict[str, Any]:
         """Self-metrics for the retained ``state/health`` topic (``agents.payload_errors``:
@@ -380,7 +377,7 @@ class Racky(DaemonFrame[RackyConfig]):
                     self.log.warning("shelf_dormant", unit=unit,
                                      note=f"re-probed every {cfg.discovery.reprobe_dormant_s} s")
                     self.stop_task(f"modbus:{name}")
-                    self.rack_tick.shelf_samples(name, [
+                    self.racky_tick.shelf_samples(name, [
                         s.as_stale("dormant") if s.quality is Quality.GOOD else s
                         for s in self.latest.get(name, {}).values()])
             await asyncio.sleep(1.0)

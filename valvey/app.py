@@ -252,21 +252,19 @@ class Valvey(DaemonFrame[ValveyConfig]):
 
     # -- the tick ----------------------------------------------------------------------------
 
-    def _tick(self, now: float) -> None:
+    def tick(self, now: float) -> None:
+        """The control tick (the frame adds self-metrics, the watchdog and READY):
+        `ValveyTick.step`, leases, its effects applied, the command state saved."""
         fx = self.valvey_tick.step(now, self.clock.wall_ns(),
-                            telemetry_alarm_conditions(self.writer.stats))
+                                   telemetry_alarm_conditions(self.writer.stats))
         self.leases.tick(now, dict(fx.interlocks))
         self._apply(fx)
         self._persist_tick(now)
-        self.selfmetrics.tick(now, tick_stats=self.tick_stats, writer=self.writer,
-                              mqtt=self.mqtt, commands=self.commands, devices=[self.device],
-                              pv_age_s=self.pv_age_s(now))
         if fx.state_published:
             self.mqtt.publish_state("health", self.health())
 
-    def tick(self, now: float) -> None:
-        """The frame's tick hook: `_tick` (READY and the watchdog are the frame's)."""
-        self._tick(now)
+    def modbus_devices(self) -> Sequence[ModbusDevice]:
+        return (self.device,)
 
     def ready_status(self) -> tuple[str, Mapping[str, Any]]:
         loop = self.core.loop

@@ -85,7 +85,7 @@ def test_garbage_cooling_payloads_are_refused_and_the_reading_ages(racky: Racky)
         racky._on_cooling(Message(racky.cooling_topic, raw, received_mono=20.0))
     c = racky.cooling_reading()
     assert c is not None and c.t_mono == 10.0 and c.supply_temp_c == 45.0
-    assert racky.rack_tick.payload_problems.get("cooling_state")
+    assert racky.racky_tick.payload_problems.get("cooling_state")
 
 
 def test_retained_and_duplicated_tray_telemetry_does_not_refresh_the_tray(racky: Racky) -> None:
@@ -113,7 +113,7 @@ def test_a_tray_message_on_another_trays_topic_is_refused(racky: Racky) -> None:
         racky._on_agent_telemetry(_msg(f"{racky.agent_base}/telemetry/{thing}", p,
                                        retain=False, t=50.0))
     assert racky.ingest.trays == {} and racky.ingest.errors == 2  # both counted
-    assert set(racky.rack_tick.payload_problems) == {"tray07", "trayX"}
+    assert set(racky.racky_tick.payload_problems) == {"tray07", "trayX"}
 
 
 def test_an_agent_reply_with_ok_as_a_string_is_not_success(racky: Racky) -> None:
@@ -139,7 +139,7 @@ def test_a_malformed_agent_reply_is_refused_like_every_input(racky: Racky,
     racky._on_agent_reply(Message(topic, payload, qos=1, retain=False, received_mono=1.0))
     assert "r1" in racky._pending
     assert racky.agent_stats["ok"] == racky.agent_stats["refused"] == 0
-    assert "agent_reply" in racky.rack_tick.payload_problems
+    assert "agent_reply" in racky.racky_tick.payload_problems
 
 
 def test_a_silent_tray_is_alarmed_and_never_counted_as_zero_watts() -> None:
@@ -182,10 +182,10 @@ def test_an_oversized_payload_is_refused_before_parsing(racky: Racky) -> None:
     big = b'{"tray": 0, "pad": "' + b"x" * MAX_INPUT_PAYLOAD_BYTES + b'"}'
     racky._on_agent_telemetry(Message(f"{racky.agent_base}/telemetry/tray00", big,
                                       received_mono=5.0))
-    assert racky.ingest.trays == {} and "more than" in racky.rack_tick.payload_problems["tray00"]
+    assert racky.ingest.trays == {} and "more than" in racky.racky_tick.payload_problems["tray00"]
     racky._on_cooling(Message(racky.cooling_topic, big, received_mono=5.0))
     assert racky.cooling_reading() is None
-    assert "more than" in racky.rack_tick.payload_problems["cooling_state"]
+    assert "more than" in racky.racky_tick.payload_problems["cooling_state"]
 
 
 def test_h8_every_refused_tray_message_is_counted_and_logged_once_per_change(
@@ -234,7 +234,7 @@ def test_contract_v1_newer_minor_fields_are_ignored_and_another_major_refused(
     v2 = {**p, "schema_version": "2.0", "ts_ns": WALL0 + 10}
     racky._on_agent_telemetry(Message(base, json.dumps(v2).encode(), received_mono=20.0))
     assert racky.ingest.errors == 1
-    assert "major version 2" in racky.rack_tick.payload_problems["tray00"]
+    assert "major version 2" in racky.racky_tick.payload_problems["tray00"]
     racky._on_agent_telemetry(Message(f"{racky.agent_base}/telemetry/truth", b"{}",
                                       received_mono=21.0))
     assert racky.ingest.errors == 1
@@ -258,4 +258,4 @@ def test_the_simulators_plant_topic_beside_the_agents_telemetry_is_the_plant(
     r._on_cooling(_msg(r.cooling_topic, {"supply_temp_c": 45.1}, retain=False, t=1000.0))
     c = r.cooling_reading()
     assert c is not None and c.flow_lpm == 850.0 and c.facility_supply_temp_c == 41.0
-    assert r.ingest.errors == 0 and not r.rack_tick.payload_problems
+    assert r.ingest.errors == 0 and not r.racky_tick.payload_problems

@@ -25,7 +25,7 @@ def _racky(tmp_path: Path, spool_dir: Path) -> Racky:
 async def test_health_carries_the_self_metrics_and_no_telemetry_alarm(tmp_path: Path) -> None:
     r = _racky(tmp_path, tmp_path / "spool")
     assert r.health()["self"] == {}  # before the first tick
-    r._tick(1000.0)
+    r.run_tick(1000.0)
     snap = r.health()["self"]
     assert set(snap) == set(snapshot_fields())
     assert snap["spool_ok"] is True and snap["pv_age_s"] is None  # no shelf reported yet
@@ -38,7 +38,7 @@ async def test_an_unopenable_spool_raises_telemetry_spool_failed(tmp_path: Path)
     blocker.write_text("x")  # the spool directory is a file: the spool cannot open
     r = _racky(tmp_path, blocker / "spool")
     assert not r.writer.stats.spool_ok
-    r._tick(1000.0)
+    r.run_tick(1000.0)
     ids = [a.id for a in r.core.bank.active()]
     assert "telemetry_spool_failed" in ids
     assert r.health()["self"]["spool_ok"] is False
