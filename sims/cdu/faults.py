@@ -81,7 +81,6 @@ class FaultHooks(LocalControl):
         """
         if not (factor > 0.0 and math.isfinite(factor)):
             raise ValueError("valve slow factor must be > 0")
-        self._valve_slow = factor
         self._valve_rate = 1.0 / (self._p.valve_stroke_time_s * factor)
 
     def set_sensor_fault(

@@ -88,7 +88,6 @@ class CduPlant(RegisterInterface):
         self._remote_written = False
         self._valve_stuck = False
         self._valve_offset = 0.0
-        self._valve_slow = 1.0
         self._valve_rate = 1.0 / p.valve_stroke_time_s
         self._x = 0.0
         self._x_cmd = 0.0

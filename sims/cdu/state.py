@@ -90,7 +90,6 @@ class PlantState:
         "_v_tank",
         "_valve_offset",
         "_valve_rate",
-        "_valve_slow",
         "_valve_stuck",
         "_x",
         "_x_b",
@@ -177,7 +176,6 @@ class PlantState:
     _v_tank: float
     _valve_offset: float
     _valve_rate: float
-    _valve_slow: float
     _valve_stuck: bool
     _x: float
     _x_b: float
