@@ -56,6 +56,13 @@ Deliberate choices where REFERENCE leaves room (each also in the docstring it co
 * The rack (rack node + GPU trays) is its own class, `RackThermal`, fed an inlet temperature,
   flow and power: a row of racks on one CDU (a later issue) adds racks and headers around it.
 * ``heat_removed_kw`` reads the HX duty q_hx through a BTU-meter-like lag and noise.
+
+Modules (one job each): `points` (register points), `params` (`CduParams`, `RackParams`),
+`outputs` (`CduTruth`, `PumpState`, `WarmStartResult`), `hx` (plate HX), `rack_thermal`
+(`RackThermal`); `CduPlant` is `plant` (construction, steady state, `step`) on top of its parts
+`registers` (write, readings, truth), `faults` (fault hooks), `control` (local PI), `loop`
+(valve flow, level, filter ΔP, static pressure, stored energy) and `state` (its typed, slotted
+fields).
 """
 
 from sims.cdu.hx import hx_conductance_kw_per_k
