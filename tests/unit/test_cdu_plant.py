@@ -1,4 +1,4 @@
-"""CDU + rack thermal plant (sims/cdu.py, sims/sensors.py) against REFERENCE §4.
+"""CDU + rack thermal plant (sims/cdu/, sims/sensors.py) against REFERENCE §4.
 
 Tolerances are stated where they are used. The model is never tuned to a figure: where the
 faithful §4.2 implementation differs from a REFERENCE table the test bound is the table's

@@ -1,4 +1,4 @@
-"""Issue 3's CDU status points as the register map carries them (sims/cdu.py): pump running /
+"""Issue 3's CDU status points as the register map carries them (sims/cdu/): pump running /
 fault bits and speed feedback (a trip is seen before the flow falls), run hours, reservoir
 level, filter dP, the second facility valve, the rack isolation valves."""
 
