@@ -23,7 +23,6 @@ for the state file; the harness: the simulator's node agents).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import numpy as np
 
 from rackplane.core.alarms import AlarmEvent
 from rackplane.core.effects import LogRecord, TsLine, alarm_event
+from rackplane.core.envelope import MAX_INPUT_BYTES, JsonError, read_json
 from rackplane.core.samples import Sample
 from rackplane.core.topics import Topics
 from racky.config import RackyConfig
@@ -44,13 +44,8 @@ from racky.core.telemetry import StaleMessage, TelemetryIngest, decode_payload
 from racky.core.thermal import CoolingReading
 from racky.core.validation import ValidationResult
 
-__all__ = ["MAX_INPUT_PAYLOAD_BYTES", "AgentPublish", "RackyTick",
+__all__ = ["AgentPublish", "RackyTick",
            "TickEffects", "TickTopics", "sample_fields"]
-
-MAX_INPUT_PAYLOAD_BYTES = 1 << 20
-"""Largest node-agent / cooling payload racky parses (bytes): a tray message of an NVL72
-tray is ~13 kB; a larger one is refused before it is decoded (parsing tens of MB would stall
-the tick)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,8 +245,8 @@ class RackyTick:
         try:
             if not (suffix.isascii() and suffix.isdigit()):
                 raise PayloadError(f"topic {thing!r}: not <prefix><tray index>")
-            if len(payload) > MAX_INPUT_PAYLOAD_BYTES:
-                raise PayloadError(f"payload: more than {MAX_INPUT_PAYLOAD_BYTES} bytes")
+            if len(payload) > MAX_INPUT_BYTES:
+                raise PayloadError(f"payload: more than {MAX_INPUT_BYTES} bytes")
             data = decode_payload(payload)
             ingested = True
             self.ingest.tray_payload(data, received_mono, retained=retain,
@@ -310,12 +305,11 @@ class RackyTick:
         return received_mono - age
 
     def _json_object(self, topic: str, payload: bytes, what: str) -> dict[str, Any] | None:
-        """The payload as a JSON object, or None (logged once per distinct problem)."""
+        """The payload as a JSON object (`rackplane.core.envelope.read_json`: bounded size and
+        depth, strict), or None (logged once per distinct problem)."""
         try:
-            if len(payload) > MAX_INPUT_PAYLOAD_BYTES:
-                raise ValueError(f"more than {MAX_INPUT_PAYLOAD_BYTES} bytes")
-            d = json.loads(payload.decode("utf-8"))
-        except (ValueError, RecursionError) as err:
+            d = read_json(payload, max_bytes=MAX_INPUT_BYTES)
+        except JsonError as err:
             why = f"not JSON: {str(err)[:120]}"
         else:
             if isinstance(d, dict):

@@ -21,7 +21,6 @@ seam. Nothing here does I/O or reads a clock: times come in as arguments.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -36,6 +35,7 @@ from rackplane.core.effects import (
     alarm_event,
     alarm_snapshot_line,
 )
+from rackplane.core.envelope import MAX_INPUT_BYTES, JsonError, read_json
 from rackplane.core.samples import Quality, Sample, slots_constructor
 from rackplane.core.topics import Topics
 from valvey.config import ValveyConfig
@@ -224,8 +224,8 @@ class ValveyTick:
             return False
         if retain and not isinstance(payload, Mapping):
             # decoded once: the samples and the retained value's age both read it
-            with contextlib.suppress(ValueError):
-                decoded = json.loads(payload)
+            with contextlib.suppress(JsonError):
+                decoded = read_json(payload, max_bytes=MAX_INPUT_BYTES)
                 if isinstance(decoded, Mapping):
                     payload = decoded
         samples = parse_sensor_message(mapped, payload, received_mono, wall_ns)
@@ -428,10 +428,11 @@ class ValveyTick:
 
 
 def _json_mapping(payload: bytes | Mapping[str, Any]) -> Mapping[str, Any]:
-    """The payload as a mapping. Raises ValueError (not JSON) or TypeError (not an object)."""
+    """The payload as a mapping (`read_json`: bounded, strict). Raises ValueError (not JSON,
+    too large, too deep) or TypeError (not an object)."""
     if isinstance(payload, Mapping):
         return payload
-    data = json.loads(payload)
+    data = read_json(payload, max_bytes=MAX_INPUT_BYTES)
     if not isinstance(data, Mapping):
         raise TypeError(f"a JSON object is expected, got {type(data).__name__}")
     return data

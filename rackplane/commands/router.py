@@ -46,13 +46,13 @@ from rackplane.core.envelope import (
     CommandEnvelope,
     CommandStats,
     HandlerResult,
-    _BadJson,
+    JsonError,
     _clip,
     _describe,
     _fingerprint,
     _json_safe,
     _json_type,
-    _loads,
+    read_json,
 )
 from rackplane.core.topics import Handler, Message, Topics, encode_json
 from rackplane.errors import CommandError
@@ -336,8 +336,8 @@ class CommandRouter:
             return o.refuse(BAD_JSON, "empty payload (clearing a retained message is not a "
                             "command; commands are never retained)")
         try:
-            data = _loads(msg.payload)
-        except _BadJson as err:
+            data = read_json(msg.payload)
+        except JsonError as err:
             return o.refuse(BAD_JSON, str(err))
         if not isinstance(data, dict):
             return o.refuse(BAD_JSON, f"payload must be a JSON object, got {_json_type(data)}")
@@ -379,8 +379,8 @@ class CommandRouter:
         if not payload or len(payload) > self._settings.max_payload_bytes:
             return None
         try:
-            data = _loads(payload)
-        except _BadJson:
+            data = read_json(payload)
+        except JsonError:
             return None
         rid = data.get("request_id") if isinstance(data, dict) else None
         return rid if isinstance(rid, str) and _REQUEST_ID_RE.match(rid) else None
@@ -416,8 +416,7 @@ class CommandRouter:
             return
         self._log.error(
             "command_handler_failed", user=_clip(o.user), verb=o.verb,
-            request_id=o.request_id, error=repr(err), exc_info=(type(err), err,
-                                                                err.__traceback__),
+            request_id=o.request_id, error=repr(err), exc_info=True,  # called in the except
             note="handlers validate before they mutate: nothing was applied",
         )
         o.refuse(INTERNAL_ERROR, f"{o.verb} failed ({type(err).__name__}); nothing was "

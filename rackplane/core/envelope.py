@@ -32,6 +32,7 @@ from rackplane.settings import Role
 __all__ = [
     "GENERIC_VERBS",
     "INTERNAL_ERROR",
+    "MAX_INPUT_BYTES",
     "OUT_OF_RANGE",
     "REQUEST_ID_PATTERN",
     "ROLE_RANK",
@@ -46,12 +47,14 @@ __all__ = [
     "CommandReply",
     "CommandStats",
     "HandlerResult",
+    "JsonError",
     "LeasesState",
     "NoArgs",
     "OutputLease",
     "ReleaseLeaseArgs",
     "StatusPayload",
     "alarm_payload",
+    "read_json",
 ]
 
 # --- refusal codes (the reply's error.code) -----------------------------------------------------
@@ -399,43 +402,54 @@ HandlerResult = Mapping[str, Any] | Awaitable[Mapping[str, Any]]
 # --- helpers ----------------------------------------------------------------------------------
 
 
-class _BadJson(ValueError):
-    pass
+MAX_INPUT_BYTES = 1 << 20
+"""Largest MQTT payload a daemon parses from a sensor, a peer or a node agent (bytes): an NVL72
+tray message is ~13 kB; a larger one is refused before it is decoded (parsing tens of MB
+would stall the tick). Commands have their own configured ``commands.max_payload_bytes``."""
+
+
+class JsonError(ValueError):
+    """A payload that is not strict JSON (`read_json`); the message says why."""
 
 
 def _reject_constant(name: str) -> Any:
-    raise _BadJson(f"{name} is not valid JSON (numbers must be finite)")
+    raise JsonError(f"{name} is not valid JSON (numbers must be finite)")
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise _BadJson(f"duplicate key {_clip(k, 40)!r} in a JSON object")
+            raise JsonError(f"duplicate key {_clip(k, 40)!r} in a JSON object")
         out[k] = v
     return out
 
 
-def _loads(payload: bytes) -> Any:
-    """Strict JSON: UTF-8, no NaN/Infinity, no duplicate keys; bounded nesting.
+def read_json(payload: bytes, *, max_bytes: int | None = None) -> Any:
+    """Strict JSON from an MQTT payload: at most ``max_bytes`` (None: the caller checked),
+    UTF-8, no NaN/Infinity, no duplicate keys, nested at most 32 levels. Every daemon input
+    that is JSON (commands, sensor topics, peers' states and replies) is read through it, so
+    every input of the kind has the same bounds.
 
     Raises:
-        _BadJson: with a message for the reply.
+        JsonError: with a message for the reply or the log.
     """
+    if max_bytes is not None and len(payload) > max_bytes:
+        raise JsonError(f"payload of {len(payload)} bytes, more than {max_bytes}")
     try:
         text = payload.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise _BadJson(f"payload is not UTF-8 ({err.reason} at byte {err.start})") from None
+        raise JsonError(f"payload is not UTF-8 ({err.reason} at byte {err.start})") from None
     try:
         data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
-    except _BadJson:
+    except JsonError:
         raise
     except RecursionError:
-        raise _BadJson(f"JSON nested deeper than {_MAX_DEPTH} levels") from None
+        raise JsonError(f"JSON nested deeper than {_MAX_DEPTH} levels") from None
     except ValueError as err:  # JSONDecodeError, int digits limit
-        raise _BadJson(f"payload is not valid JSON: {_clip(str(err), 200)}") from None
+        raise JsonError(f"payload is not valid JSON: {_clip(str(err), 200)}") from None
     if _depth(data) > _MAX_DEPTH:
-        raise _BadJson(f"JSON nested deeper than {_MAX_DEPTH} levels")
+        raise JsonError(f"JSON nested deeper than {_MAX_DEPTH} levels")
     return data
 
 

@@ -126,7 +126,7 @@ def test_an_agent_reply_with_ok_as_a_string_is_not_success(racky: Racky) -> None
 
 @pytest.mark.parametrize("payload", [
     b"[" * 100_000 + b"]" * 100_000,      # nesting past the parser's recursion limit
-    b"{" + b" " * (1 << 20) + b"}",       # past MAX_INPUT_PAYLOAD_BYTES
+    b"{" + b" " * (1 << 20) + b"}",       # past MAX_INPUT_BYTES
     b"\xff\xfe not utf-8",
     b'["r1", true]',                     # JSON, not an object
 ])
@@ -177,9 +177,9 @@ def test_a_silent_tray_is_alarmed_and_never_counted_as_zero_watts() -> None:
 
 
 def test_an_oversized_payload_is_refused_before_parsing(racky: Racky) -> None:
-    from racky.tick import MAX_INPUT_PAYLOAD_BYTES
+    from rackplane.core.envelope import MAX_INPUT_BYTES
 
-    big = b'{"tray": 0, "pad": "' + b"x" * MAX_INPUT_PAYLOAD_BYTES + b'"}'
+    big = b'{"tray": 0, "pad": "' + b"x" * MAX_INPUT_BYTES + b'"}'
     racky._on_agent_telemetry(Message(f"{racky.agent_base}/telemetry/tray00", big,
                                       received_mono=5.0))
     assert racky.ingest.trays == {} and "more than" in racky.racky_tick.payload_problems["tray00"]
@@ -195,7 +195,7 @@ def test_h8_every_refused_tray_message_is_counted_and_logged_once_per_change(
     reason, not once per message."""
     from structlog.testing import capture_logs
 
-    from racky.tick import MAX_INPUT_PAYLOAD_BYTES
+    from rackplane.core.envelope import MAX_INPUT_BYTES
 
     _, p = _first_tray_payload()
     base = f"{racky.agent_base}/telemetry/tray{p['tray']:02d}"
@@ -203,7 +203,7 @@ def test_h8_every_refused_tray_message_is_counted_and_logged_once_per_change(
     no_leak = json.dumps({k: v for k, v in p.items() if k != "leak"}).encode()
     sent = ([(base, b"not json")] * 5
             + [(base, b'{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}")] * 3
-            + [(base, b" " * (MAX_INPUT_PAYLOAD_BYTES + 1))] * 3
+            + [(base, b" " * (MAX_INPUT_BYTES + 1))] * 3
             + [(f"{racky.agent_base}/telemetry/trayXX", json.dumps(p).encode())] * 2
             + [(base, negative)] * 4 + [(base, no_leak)])
     with capture_logs() as logs:

@@ -61,6 +61,35 @@ def test_unreadable_racky_reply_is_one_warning() -> None:
     assert t.on_racky_reply("x/result", {"request_id": "nope", "ok": True}, 1.0) == []
 
 
+HOSTILE = [
+    b"[" * 100_000 + b"]" * 100_000,                       # past the parser's recursion
+    b'{"rack_power_w": ' + b"1" * 10 + b', "pad": "' + b"x" * (1 << 20) + b'"}',  # oversize
+    b'{"rack_power_w": NaN}',                                 # not JSON (strict)
+    b'{"rack_power_w": 1.0, "rack_power_w": 2.0}',            # duplicate key
+    b"\xff\xfe",                                             # not UTF-8
+]
+
+
+@pytest.mark.parametrize("payload", HOSTILE)
+@pytest.mark.parametrize("retain", [False, True])
+def test_every_hostile_sensor_payload_gives_bad_samples(payload: bytes, retain: bool) -> None:
+    """Sensor topics get the bounds every daemon input has (`read_json`): never an exception
+    out of the handler, never a silent drop: the mapped points go BAD ``json``."""
+    t = _tick()
+    t.on_sensor_message(RACK_POWER, b'{"rack_power_w": 90000.0}', retain=False,
+                        received_mono=5.0, wall_ns=WALL)
+    assert t.on_sensor_message(RACK_POWER, payload, retain=retain, received_mono=6.0,
+                               wall_ns=WALL)
+    bad = t.latest["rack_power_w"]
+    assert bad.quality is Quality.BAD and bad.reason == "json" and bad.value is None
+
+
+@pytest.mark.parametrize("payload", HOSTILE)
+def test_every_hostile_racky_reply_is_one_warning(payload: bytes) -> None:
+    logs = _tick().on_racky_reply("x/result", payload, 1.0)
+    assert [(r.level, r.event) for r in logs] == [("warning", "racky_reply_unreadable")]
+
+
 def _cdu_samples(now: float, supply_c: float = 45.0) -> list[Sample]:
     vals = {"supply_temp_c": supply_c, "supply_temp_b_c": supply_c, "supply_temp_c_c": supply_c,
             "return_temp_c": 55.0, "flow_lpm": 150.0, "diff_pressure_kpa": 120.0,

@@ -45,7 +45,6 @@ evidence of a bad reading, not of a disagreement with a model).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from rackplane.config import StrictModel
+from rackplane.core.envelope import MAX_INPUT_BYTES, JsonError, read_json
 from rackplane.core.samples import Quality, Sample, good, invalid, make_sample, slots_constructor
 
 __all__ = [
@@ -173,9 +173,9 @@ def parse_sensor_message(
     if isinstance(payload, Mapping):
         data = payload
     else:
-        try:
-            data = json.loads(payload.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        try:  # bounded and strict, as every daemon input (rackplane.core.envelope.read_json)
+            data = read_json(payload, max_bytes=MAX_INPUT_BYTES)
+        except JsonError:
             data, err = None, "json"
     out: list[Sample] = []
     for s in sensors:
