@@ -91,7 +91,7 @@ CORE_DIRS = ("rackplane/core/", "valvey/core/", "racky/core/")
 # Entries ending in "/" are packages: every module under them is a pure core.
 SIM_CORES = ("sims/cdu.py", "sims/loads.py", "sims/sensors.py", "sims/scenario.py",
              "sims/metrics.py", "sims/rack.py", "sims/power.py", "sims/environment.py",
-             "sims/workloads.py", "sims/row.py", "sims/fabric/", "sims/link_harness.py")
+             "sims/workloads/", "sims/row.py", "sims/fabric/", "sims/link_harness.py")
 # What a pure core may never import: adapters, sockets, event loops, I/O libraries.
 IO = {"asyncio", "socket", "aiomqtt", "paho", "pymodbus", "influxdb_client", "urllib", "http",
       "serial", "sdnotify", "prometheus_client", "subprocess", "threading", "rackplane.io"}
