@@ -49,7 +49,7 @@ class CounterSpec:
         return table[self.bits]
 
 
-#: Every counter, in the row order of the internal counter matrix (see the module docstring).
+#: Every counter, in the row order of the internal counter matrix (see the `sims.fabric` docstring).
 COUNTERS: tuple[CounterSpec, ...] = (
     CounterSpec("nvl_crc_flit_errors", 64, "wrap", _NVL,
                 "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL (NVML unsigned long long) [S]"),

@@ -89,7 +89,7 @@ DAEMONS = ("valvey", "racky")
 CORE_DIRS = ("rackplane/core/", "valvey/core/", "racky/core/")
 # The simulators' plant models are pure cores too; their protocol faces and runtime are not.
 # Entries ending in "/" are packages: every module under them is a pure core.
-SIM_CORES = ("sims/cdu.py", "sims/loads.py", "sims/sensors.py", "sims/scenario.py",
+SIM_CORES = ("sims/cdu.py", "sims/loads.py", "sims/sensors.py", "sims/scenario/",
              "sims/metrics.py", "sims/rack.py", "sims/power.py", "sims/environment.py",
              "sims/workloads/", "sims/row.py", "sims/fabric/", "sims/link_harness.py")
 # What a pure core may never import: adapters, sockets, event loops, I/O libraries.

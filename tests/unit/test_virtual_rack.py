@@ -1,6 +1,6 @@
 """The virtual rack (issue 3): rack, power shelves, room air, workloads, row composition,
-faults and scenarios (sims/rack.py, power.py, environment.py, workloads.py, row.py,
-scenario.py, telemetry.py). Everything here is pure and runs in lock-step; the real-time faces
+faults and scenarios (sims/rack.py, power.py, environment.py, workloads/, row.py,
+scenario/, telemetry.py). Everything here is pure and runs in lock-step; the real-time faces
 are tests/adapters/test_sim_faces.py.
 
 Bounds are the model's own figures (REFERENCE §1.2, §1.6, §4) or stated allowances; no timing
