@@ -361,7 +361,7 @@ class LinkSettings(StrictModel):
         default_factory=_default_counters,
         description="counter name -> '<bits>/wrap' or '<bits>/saturate' (IBA PortCounters "
         "saturate at 8/16 bits; Linux carrier_changes is 32-bit; NVLink counters 64-bit; "
-        "sims/fabric.py's table has the sources)",
+        "sims.fabric's table has the sources)",
     )
     counter_max_rate_per_s: dict[str, float] = Field(
         default_factory=lambda: {"carrier_changes": 1000.0, "link_downed": 100.0},

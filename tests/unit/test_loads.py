@@ -1,4 +1,4 @@
-"""Load profiles (sims/workloads.py, imported through the sims/loads.py re-export): values,
+"""Load profiles (sims/workloads/, imported through the sims/loads.py re-export): values,
 bounds, determinism, REFERENCE §4.6 statistics."""
 
 from __future__ import annotations

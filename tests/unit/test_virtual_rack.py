@@ -1,6 +1,6 @@
 """The virtual rack (issue 3): rack, power shelves, room air, workloads, row composition,
-faults and scenarios (sims/rack.py, power.py, environment.py, workloads.py, row.py,
-scenario.py, telemetry.py). Everything here is pure and runs in lock-step; the real-time faces
+faults and scenarios (sims/rack.py, power.py, environment.py, workloads/, row.py,
+scenario/, telemetry.py). Everything here is pure and runs in lock-step; the real-time faces
 are tests/adapters/test_sim_faces.py.
 
 Bounds are the model's own figures (REFERENCE §1.2, §1.6, §4) or stated allowances; no timing
@@ -1033,7 +1033,7 @@ def test_payloads_validate_and_carry_no_nan() -> None:
     assert t3.agent.enforced_gpu_cap_w == 600.0 and all(g.power_w <= 600.0 for g in t3.gpus)
     assert t3.gpus[0].ports is not None and len(t3.gpus[0].ports.names) == 20
     assert t3.gpus[0].ports.names[0] == "gpu12/nvl00"
-    bits = t3.gpus[0].ports.counter_bits  # the counters' native widths (sims/fabric.py)
+    bits = t3.gpus[0].ports.counter_bits  # the counters' native widths (sims.fabric)
     assert bits is not None and bits["symbol_error"] == 16 and bits["carrier_changes"] == 32
     assert bits["link_downed"] == 8 and bits["rx_bytes"] == 64
     assert TrayTelemetry.model_validate(trays[2][1]).leak

@@ -1,299 +1,40 @@
-"""Link fabric of one NVL72-class rack: per-port state, throughput and error counters (pure, numpy).
-
-One rack = ``gpus`` GPUs × (``nvlink_ports_per_gpu`` NVLink ports + ``nic_ports_per_gpu`` NIC
-ports); the defaults give 72 × (18 + 2) = 1,440 ports (REFERENCE §1.1 / §3.1: 18 NVLink 5
-links per GPU at 53,125 MB/s). Every per-port quantity is one numpy array of shape ``(ports,)``
-(counters: one ``(counters, ports)`` matrix); `LinkFabric.step` has no Python loop over ports
-or GPUs, so its cost is a constant number of numpy calls (tested by counting Python calls).
-
-Usage::
-
-    fabric = LinkFabric(seed=3)                        # 72 GPUs, 1,440 ports
-    p = fabric.port_index("gpu07/nic1")
-    fabric.flap(p, down_s=0.4, up_s=0.6, count=3)      # 3 DOWN→UP cycles from now
-    fabric.ramp_error_rate("gpu07/nvl03", "nvl_crc_flit_errors", 0.5 / 60, 5 / 60, 86_400.0)
-    for k in range(3600):
-        fabric.step(1.0, demand, t_s=float(k))         # demand: shape (72,), in [0, 1]
-        snap = fabric.snapshot()                       # {"link_up": (1440,) bool, ...}
-    fabric.fault_log()                                 # ground truth: kind, target, start, end
-
-Port order is GPU-major: port ``g * ports_per_gpu + j`` is ``gpu{g}/nvl{j}`` for ``j <
-nvlink_ports_per_gpu`` and ``gpu{g}/nic{j - nvlink_ports_per_gpu}`` after that; names are
-zero-padded (``gpu07/nvl03``, ``gpu07/nic1``).
-
-Counters (`COUNTERS`; width, wrap or saturate, which port kind carries it, source). Snapshot
-arrays have the counter's native unsigned dtype (uint8/16/32/64), so a consumer sees the real
-width; wrap arithmetic on them is modulo 2^bits, saturating counters stop at 2^bits − 1 until
-a reset (a saturated counter's rate is unknown, never "0, healthy"):
-
-====================== ==== ======== ====== =====================================================
-name                   bits overflow kinds  source
-====================== ==== ======== ====== =====================================================
-nvl_crc_flit_errors    64   wrap     nvlink DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL / NVML
-                                            nvmlDeviceGetNvLinkErrorCounter (unsigned long long)
-nvl_crc_data_errors    64   wrap     nvlink DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL
-nvl_replay_errors      64   wrap     nvlink DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
-nvl_recovery_errors    64   wrap     nvlink DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL
-symbol_error           16   saturate nic    IBA PortCounters SymbolErrorCounter; Linux
-                                            drivers/infiniband/core/sysfs.c PORT_PMA_ATTR width 16
-link_error_recovery    8    saturate nic    IBA LinkErrorRecoveryCounter (sysfs width 8)
-link_downed            8    saturate both   IBA LinkDownedCounter (sysfs width 8); NVLink: [U]
-port_rcv_errors        16   saturate nic    IBA PortRcvErrors (sysfs width 16)
-carrier_changes        32   wrap     both   Linux /sys/class/net/<if>/carrier_changes (32-bit,
-                                            FIELD-CASES BR-13 source rezolus#289); NVLink: [U]
-rx_bytes, tx_bytes     64   wrap     both   Linux rtnl_link_stats64 rx_bytes/tx_bytes; NVLink:
-                                            nvidia-smi nvlink data counters [U]
-====================== ==== ======== ====== =====================================================
-
-Counters of the other port kind exist in the matrix but stay 0 on that kind (snapshot key
-``is_nvlink`` says which kind a port is). NVLink has no native link-down or carrier counter;
-the model keeps both for NVLink ports as the node agent's count of its own link-state polls
-[U], and a DOWN→UP on an NVLink port also counts one ``nvl_recovery_errors`` (a link retrain)
-[U].
-
-Error model. Each rate counter draws Poisson counts per step with mean ``rate_per_s × up
-time in the step`` (no errors while the link is down). Healthy rates (`FabricParams`): the
-pre-FEC counters ``symbol_error`` (NIC) and ``nvl_crc_flit_errors`` (NVLink) at λ0 = 0.5/min
-(REFERENCE §3.3 [D]; issue 5: "non-zero healthy rate, never > 0"); replay, recovery,
-link-error-recovery, port-rcv and link-downed at zero (REFERENCE §3.2 DCGM / NVSentinel:
-any increase fails). BER (snapshot ``ber``) is pre-FEC errors since the last counter reset
-divided by the line bits carried while up (NaN before any bit: unknown, never 0); the line
-rate is 53,125 MB/s × 8 for NVLink and ``nic_speed_mb_per_s`` × 8 for a NIC port, so the
-healthy λ0 is a BER ≈ 2e-14 and IBTA's 1e-12 (REFERENCE §3.2) is ≈ 25/min at NVLink 5's rate
-(REFERENCE's "120 per hour" matches a ~33 Gb/s lane; rates here are per port).
-
-Time convention. ``step(dt_s, demand, t_s)`` advances the interval ``[t_s, t_s + dt_s)``;
-``t_s`` must continue from the previous step (or ``start_time_s``). A snapshot taken after
-the step is the state at ``t_s + dt_s`` and reflects every link transition strictly before
-that instant. Rates, ramps, stalls and bursts are evaluated at the step midpoint (exact for a
-linear ramp); link flaps are resolved to the transition instant, so a flap shorter than a
-poll interval changes ``carrier_changes`` while both polls read ``up`` (FIELD-CASES BR-13 b).
-
-Faults (hooks, applied at the fabric's current time ``time_s`` unless ``start_s`` is given)
-are recorded as ground truth in `fault_log`: `flap`, `hold_down`, `set_error_rate`,
-`ramp_error_rate`, `degrade_ber`, `restore_error_rate`, `reboot`, `stall`, `silence`, `burst`.
-
-Power state. `power_off` / `power_on` (the tray power-state hook `sims.row` calls when a tray
-is switched, a GPU shuts down or the rack browns out) take a GPU's links DOWN and, at power-on,
-reboot it and train its links UP again; they are operations, not faults (not in `fault_log`).
-Bad arguments raise ValueError naming the argument and nothing is changed.
-"""
+"""`LinkFabric`: one rack's per-port link state, throughput and counters (see `sims.fabric`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field, field_validator
 
-from rackplane.config import StrictModel
-
-__all__ = [
-    "COUNTERS",
-    "COUNTER_NAMES",
-    "POST_FEC_COUNTER",
-    "PRE_FEC_COUNTER",
-    "RATE_COUNTERS",
-    "CounterSpec",
-    "FabricParams",
-    "FaultRecord",
-    "LinkFabric",
-]
-
-PortKind = Literal["nvlink", "nic"]
-PortRef = int | str
-
-_NVL: frozenset[str] = frozenset({"nvlink"})
-_NIC: frozenset[str] = frozenset({"nic"})
-_BOTH: frozenset[str] = frozenset({"nvlink", "nic"})
-
-
-@dataclass(frozen=True, slots=True)
-class CounterSpec:
-    """One hardware counter: its width, what happens at the top, who carries it, its source."""
-
-    name: str
-    bits: int
-    overflow: Literal["wrap", "saturate"]
-    kinds: frozenset[str]
-    source: str
-
-    @property
-    def max_value(self) -> int:
-        """Largest value the counter holds: 2^bits − 1."""
-        return (1 << self.bits) - 1
-
-    @property
-    def dtype(self) -> type[np.unsignedinteger[Any]]:
-        """The native numpy dtype of the counter's width."""
-        table: dict[int, type[np.unsignedinteger[Any]]] = {
-            8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64,
-        }
-        return table[self.bits]
-
-
-#: Every counter, in the row order of the internal counter matrix (see the module docstring).
-COUNTERS: tuple[CounterSpec, ...] = (
-    CounterSpec("nvl_crc_flit_errors", 64, "wrap", _NVL,
-                "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL (NVML unsigned long long) [S]"),
-    CounterSpec("nvl_crc_data_errors", 64, "wrap", _NVL,
-                "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL [S]"),
-    CounterSpec("nvl_replay_errors", 64, "wrap", _NVL,
-                "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL [S]"),
-    CounterSpec("nvl_recovery_errors", 64, "wrap", _NVL,
-                "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL [S]"),
-    CounterSpec("symbol_error", 16, "saturate", _NIC,
-                "IBA PortCounters SymbolErrorCounter; linux drivers/infiniband/core/sysfs.c [S]"),
-    CounterSpec("link_error_recovery", 8, "saturate", _NIC,
-                "IBA PortCounters LinkErrorRecoveryCounter; linux sysfs width 8 [S]"),
-    CounterSpec("link_downed", 8, "saturate", _BOTH,
-                "IBA PortCounters LinkDownedCounter; linux sysfs width 8 [S]; NVLink [U]"),
-    CounterSpec("port_rcv_errors", 16, "saturate", _NIC,
-                "IBA PortCounters PortRcvErrors; linux sysfs width 16 [S]"),
-    CounterSpec("carrier_changes", 32, "wrap", _BOTH,
-                "linux /sys/class/net/<if>/carrier_changes, 32-bit (FIELD-CASES BR-13) [S]"),
-    CounterSpec("rx_bytes", 64, "wrap", _BOTH,
-                "linux rtnl_link_stats64.rx_bytes [S]; NVLink data counters [U]"),
-    CounterSpec("tx_bytes", 64, "wrap", _BOTH,
-                "linux rtnl_link_stats64.tx_bytes [S]; NVLink data counters [U]"),
+from sims.fabric.counters import (
+    _MASK_COL,
+    _MAX_COL,
+    _R_CC,
+    _R_FLIT,
+    _R_LD,
+    _R_REC,
+    _R_RX,
+    _R_SYM,
+    _R_TX,
+    _RATE_ROW,
+    _RATE_TO_CTR,
+    _ROW,
+    _SPEC,
+    COUNTER_NAMES,
+    COUNTERS,
+    POST_FEC_COUNTER,
+    PRE_FEC_COUNTER,
+    RATE_COUNTERS,
+    PortKind,
+    PortRef,
 )
-COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in COUNTERS)
-_ROW: dict[str, int] = {n: i for i, n in enumerate(COUNTER_NAMES)}
-_SPEC: dict[str, CounterSpec] = {c.name: c for c in COUNTERS}
+from sims.fabric.params import FabricParams, FaultRecord, _finite
+from sims.fabric.schedule import _T_EPS_S, _down_time, _n_before
 
-#: Counters driven by a Poisson error rate (the others move with link state and traffic).
-RATE_COUNTERS: tuple[str, ...] = (
-    "nvl_crc_flit_errors",
-    "nvl_crc_data_errors",
-    "nvl_replay_errors",
-    "nvl_recovery_errors",
-    "symbol_error",
-    "link_error_recovery",
-    "port_rcv_errors",
-)
-#: The counter `degrade_ber` raises and BER is computed from, per port kind.
-PRE_FEC_COUNTER: dict[str, str] = {"nvlink": "nvl_crc_flit_errors", "nic": "symbol_error"}
-#: Post-FEC (uncorrectable) counter `degrade_ber` raises by ``post_fec_fraction``.
-POST_FEC_COUNTER: dict[str, str] = {"nvlink": "nvl_crc_data_errors", "nic": "port_rcv_errors"}
-
-_RATE_ROW: dict[str, int] = {n: i for i, n in enumerate(RATE_COUNTERS)}
-_RATE_TO_CTR = np.array([_ROW[n] for n in RATE_COUNTERS], dtype=np.intp)
-_R_LD = _ROW["link_downed"]
-_R_CC = _ROW["carrier_changes"]
-_R_REC = _ROW["nvl_recovery_errors"]
-_R_RX = _ROW["rx_bytes"]
-_R_TX = _ROW["tx_bytes"]
-_R_FLIT = _ROW["nvl_crc_flit_errors"]
-_R_SYM = _ROW["symbol_error"]
-_U64_ALL = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
-_MASK_COL = np.array(
-    [[c.max_value if c.overflow == "wrap" else 0xFFFF_FFFF_FFFF_FFFF] for c in COUNTERS],
-    dtype=np.uint64,
-)
-_MAX_COL = np.array(
-    [[c.max_value if c.overflow == "saturate" else 0xFFFF_FFFF_FFFF_FFFF] for c in COUNTERS],
-    dtype=np.uint64,
-)
-#: Transition instants within this many seconds of a poll count as "at" the poll (float noise).
-_T_EPS_S = 1e-9
-
-
-def _f(default: Any, desc: str, **kw: Any) -> Any:
-    return Field(default, description=desc, **kw)
-
-
-def _default_healthy_rates() -> dict[str, float]:
-    return {"nvl_crc_flit_errors": 0.5, "symbol_error": 0.5}
-
-
-class FabricParams(StrictModel):
-    """Link-fabric figures (TOML-loadable; every field has its source in its description).
-
-    Counter widths and semantics are fixed by the hardware (`COUNTERS`), not parameters.
-    """
-
-    nvlink_speed_mb_per_s: float = _f(
-        53_125.0,
-        "NVLink 5 per-link speed per direction, MB/s (1 MB = 1e6 B) (REF §1.1 / §3.1 [S])",
-        gt=0.0,
-    )
-    nic_speed_mb_per_s: float = _f(
-        50_000.0, "NIC port speed per direction, MB/s: 400 Gb/s NDR (ConnectX-7) [S2/U]", gt=0.0
-    )
-    nvlink_demand_share: float = _f(
-        1.0, "NVLink throughput per unit GPU traffic demand, fraction of link speed [U]",
-        ge=0.0, le=1.0,
-    )
-    nic_demand_share: float = _f(
-        0.5, "NIC (scale-out) throughput per unit GPU traffic demand, fraction of speed [U]",
-        ge=0.0, le=1.0,
-    )
-    traffic_jitter: float = _f(
-        0.02, "per-port, per-direction, per-step relative throughput noise σ [U]", ge=0.0, le=1.0
-    )
-    healthy_rate_per_min: dict[str, float] = Field(
-        default_factory=_default_healthy_rates,
-        description=(
-            "healthy Poisson rate per rate counter, errors/min; absent = 0. Pre-FEC "
-            "symbol/CRC-flit λ0 = 0.5/min (REF §3.3 [D]); replay, recovery, link-downed 0 "
-            "(REF §3.2, §8 [S])"
-        ),
-    )
-    post_fec_fraction: float = _f(
-        1e-3,
-        "share of `degrade_ber`'s pre-FEC errors that are uncorrectable (crc_data / "
-        "port_rcv_errors) [U]",
-        ge=0.0, le=1.0,
-    )
-    initial_uptime_s: float = _f(
-        864_000.0, "GPU uptime at the fabric's start, s (10 days; FIELD-CASES BR-11 b feed) [U]",
-        ge=0.0,
-    )
-
-    @field_validator("healthy_rate_per_min")
-    @classmethod
-    def _check_rates(cls, v: dict[str, float]) -> dict[str, float]:
-        for name, rate in v.items():
-            if name not in _RATE_ROW:
-                raise ValueError(f"{name!r} is not a rate counter (one of {RATE_COUNTERS})")
-            if not (math.isfinite(rate) and rate >= 0.0):
-                raise ValueError(f"{name}: healthy rate must be finite and >= 0 (got {rate})")
-        return v
-
-
-@dataclass(frozen=True, slots=True)
-class FaultRecord:
-    """One injected fault, as ground truth for scoring detection.
-
-    ``target`` is a port name (``gpu07/nic1``) or a GPU name (``gpu07``); ``port`` is the port
-    index or None for GPU-wide faults. ``start_s``/``end_s`` are fabric times (s); ``end_s`` is
-    None while the fault is open-ended and still active (a rate fault until replaced or
-    restored; an endless silence). ``detail`` holds the hook's arguments (rates in /s).
-    """
-
-    kind: str
-    target: str
-    gpu: int
-    port: int | None
-    start_s: float
-    end_s: float | None
-    detail: dict[str, float | str] = field(default_factory=dict)
-
-
-def _finite(name: str, value: float, *, lo: float | None = None, lo_open: bool = False) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number (got {value!r})") from None
-    if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite (got {value!r})")
-    if lo is not None and (v < lo or (lo_open and v == lo)):
-        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo} (got {value!r})")
-    return v
+__all__ = ["LinkFabric"]
 
 
 class LinkFabric:
@@ -960,25 +701,3 @@ class LinkFabric:
             raise ValueError(f"{counter} value must be an integer in 0..{spec.max_value} "
                              f"(got {value!r})")
         self._ctr[_ROW[counter], p] = np.uint64(int(value))
-
-
-def _n_before(
-    t: float, first: npt.NDArray[np.float64], per: npt.NDArray[np.float64],
-    count: npt.NDArray[np.float64],
-) -> npt.NDArray[np.float64]:
-    """Events at ``first + i·per`` (i < count) strictly before ``t`` (minus `_T_EPS_S`)."""
-    k = np.ceil((t - first - _T_EPS_S) / per)
-    return np.clip(k, 0.0, count)
-
-
-def _down_time(
-    t: float, s: npt.NDArray[np.float64], d: npt.NDArray[np.float64],
-    per: npt.NDArray[np.float64], count: npt.NDArray[np.float64],
-) -> npt.NDArray[np.float64]:
-    """Time spent down in ``[s, t)`` by a schedule of ``count`` cycles (down ``d``, period
-    ``per``)."""
-    x = np.maximum(t - s, 0.0)
-    k = np.floor(x / per)
-    full = np.minimum(k, count)
-    part = np.where(k < count, np.minimum(x - k * per, d), 0.0)
-    return full * d + part
