@@ -9,15 +9,19 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.rackplane-installed
 DURATION ?=
 DEMO_ARGS ?=
-PYTEST_ARGS ?=
+# pytest-xdist, 2 workers, a test file on one worker (--dist loadfile): module-scoped servers (a
+# NATS cluster, a secure broker) start once, and test_commands_fuzz's last test reads what its
+# first two counted. (loadgroup: pytest-xdist 3.8 cannot rename pytest 9's node ids, its
+# xdist_group marks are ignored.) Serial: make test PYTEST_ARGS=-n0
+PYTEST_ARGS ?= -n 2 --dist loadfile
 QUICK ?=
 BENCH_OUT ?= bench-results
 SCENARIOS_OUT ?= scenario-results
 
-.PHONY: help venv demo test servers lint bench scenarios clean
+.PHONY: help venv demo test servers bench-tools lint bench scenarios clean
 
 help:
-	@echo "make demo [DURATION=s]  run valvey against the CDU simulator (embedded broker, no servers needed)"
+	@echo "make demo [DURATION=s]  valvey and racky on the rack simulator, ~3 min (embedded broker, no servers needed)"
 	@echo "make test               run the whole test suite (installs Mosquitto and VictoriaMetrics if missing)"
 	@echo "make lint               ruff and mypy"
 	@echo "make bench [QUICK=1]    benchmark suite into bench-results/ (results.json, results.md, PNGs)"
@@ -37,6 +41,10 @@ demo: $(STAMP)
 servers:
 	@./scripts/ensure-servers
 
+# the servers plus valgrind and gcc (bench.lockstep.*.instructions_per_plant_s, harness/callgrind.py)
+bench-tools:
+	@./scripts/ensure-servers --bench
+
 test: $(STAMP) servers
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -45,7 +53,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # Exit 1 when a figure misses its target: the results are written either way.
-bench: $(STAMP) servers
+bench: $(STAMP) bench-tools
 	$(BIN)/rackctl bench --out $(BENCH_OUT) $(if $(QUICK),--quick)
 
 scenarios: $(STAMP)

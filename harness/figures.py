@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["Figure", "Progress", "check", "markdown_table", "no_progress", "write_results"]
+__all__ = ["Figure", "Progress", "check", "markdown_table", "no_progress", "plot_error_figure",
+           "write_results"]
 
 Progress = Callable[[str, float], None]
 """``progress(label, fraction_done)``: fraction in [0, 1]; called by long runs."""
@@ -64,6 +65,13 @@ class Figure:
         if d["value"] is not None and not math.isfinite(d["value"]):
             d["value"] = None
         return d
+
+
+def plot_error_figure(name: str, err: BaseException) -> Figure:
+    """An information-only figure recording that a plot could not be drawn (the figures it
+    would have shown are reported all the same; a missing plot is not a failed figure)."""
+    return Figure(name=name, value=None, unit="", comparison="info",
+                  detail=f"plot not drawn: {type(err).__name__}: {err}"[:500])
 
 
 def check(value: float | None, comparison: Comparison, target: float) -> bool:

@@ -12,13 +12,22 @@ the daemons' own lock-step runners, each a ``(out, progress, quick) -> list[Figu
 
 A source that is missing or raises is recorded as one failed figure ``<daemon>.report.error``
 (value None, the error in ``detail``) and the report goes on. ``DIR`` receives
-``results.json`` and ``results.md`` (`harness.figures.write_results`) and the sources' PNGs.
+``results.json`` and ``results.md`` (`harness.figures.write_results`), the sources' PNGs and
+``machine.json``: the host (`harness.machine.machine_info`), the mode, and the run's wall time
+and CPU seconds (``wall_s``, ``cpu_s``), which the first line of ``results.md`` also states.
+
+Plots are optional (matplotlib, the ``tools`` extra); figures are not. `main` checks the plot
+dependencies before the first run (`plot_dependency_problem`): when they are missing it says
+so at once, runs every scenario without plots and records an information-only
+``report.plots`` figure naming the missing module. A plot that fails while drawing is recorded
+by its source as ``<daemon>.report.plot_error.*`` (information only) after its figures are
+computed: a plot never costs a figure.
 """
 
 from __future__ import annotations
 
 import importlib
-import platform
+import json
 import re
 import time
 import traceback
@@ -27,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.figures import Figure, Progress, write_results
+from harness.machine import cpu_seconds, machine_info, machine_line
 
-__all__ = ["SOURCES", "SOURCE_SCENARIOS", "Source", "collect", "main"]
+__all__ = ["PLOT_MODULES", "SOURCES", "SOURCE_SCENARIOS", "Source", "collect", "main",
+           "plot_dependency_problem"]
 
 Source = tuple[str, str, str]
 """``(daemon, module, function)`` of one figure source."""
@@ -37,6 +48,24 @@ SOURCES: tuple[Source, ...] = (
     ("valvey", "harness.lockstep_valvey", "valvey_scenario_figures"),
     ("racky", "harness.lockstep_racky", "racky_scenario_figures"),
 )
+
+
+PLOT_MODULES = ("matplotlib", "matplotlib.pyplot")
+"""What drawing the plots needs (the ``tools`` extra)."""
+
+
+def plot_dependency_problem() -> str | None:
+    """Why the plots cannot be drawn (a `PLOT_MODULES` module missing or failing to import
+    with the Agg backend), or None when they can. Imports matplotlib (~0.3 s)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        for name in PLOT_MODULES:
+            importlib.import_module(name)
+    except Exception as err:  # ImportError, or a broken install raising anything else
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 def _error_figure(daemon: str, what: str) -> Figure:
@@ -106,8 +135,12 @@ def collect(
     quick: bool,
     only: Sequence[str] | None = None,
     sources: Sequence[Source] | None = None,
+    plots: bool = True,
 ) -> list[Figure]:
     """Run every source (lazily imported) and return their figures.
+
+    ``plots`` False: the sources get no output folder (they compute every figure and draw no
+    plot).
 
     ``only`` keeps sources whose daemon is named and, within a source, figures of the given
     scenarios (id ``S1`` or name ``load-step``) or name prefixes. A source that cannot yield
@@ -138,7 +171,7 @@ def collect(
             progress(lbl if lbl.startswith(_d) else f"{_d}: {lbl}", frac)
 
         try:
-            got = list(fn(out, sub, quick))
+            got = list(fn(out if plots else None, sub, quick))
         except Exception as err:  # a crashing source is a failed figure, never a crashed report
             tb = traceback.format_exception_only(type(err), err)[-1].strip()
             figures.append(_error_figure(daemon, f"{module}.{func} raised {tb}"))
@@ -176,24 +209,37 @@ def main(out: Path, quick: bool, only: list[str] | None) -> int:
     limits the run to daemons (``valvey``/``racky``), scenario ids (``S1``) or figure names.
     """
     out.mkdir(parents=True, exist_ok=True)
+    problem = plot_dependency_problem()  # before the runs: said at once, not after them
+    figures: list[Figure] = []
+    if problem is not None:
+        print(f"plots: off ({problem}); install the tools extra (pip install "
+              "'rackplane[tools]') for them. Every figure is computed and written all the "
+              "same.", flush=True)
+        figures.append(Figure(name="report.plots", value=None, unit="", comparison="info",
+                              detail=f"no plots drawn: {problem}"))
     progress, close = _rich_progress()
     t0 = time.monotonic()
-    figures: list[Figure] = []
+    cpu0 = cpu_seconds()
+    machine = machine_info()
     md = out / "results.md"
 
     def write(done: str) -> Path:
         wall = time.monotonic() - t0
+        cpu = cpu_seconds() - cpu0
         preamble = (
-            f"Lock-step runs of the standard scenarios ({'quick' if quick else 'full'} mode, "
-            f"{wall:.0f} s wall{done}) on {platform.node()} ({platform.machine()}, Python "
-            f"{platform.python_version()}). Every value is computed from a run; see "
-            f"docs/BENCHMARKS.md."
+            f"Lock-step runs of the standard scenarios ({'quick' if quick else 'full'} mode"
+            f"{done}) on {machine_line(machine)}. Took {wall:.0f} s wall, {cpu:.0f} CPU-s "
+            "(this process and its finished worker processes). Every value is computed from "
+            "a run; see docs/BENCHMARKS.md."
         )
+        (out / "machine.json").write_text(json.dumps(
+            {**machine, "mode": "quick" if quick else "full", "wall_s": round(wall, 1),
+             "cpu_s": round(cpu, 1), "complete": not done}, indent=2) + "\n")
         return write_results(out, figures, "rackplane scenario quality report", preamble)
 
     try:
         for i, src in enumerate(SOURCES):
-            figures += collect(out, progress, quick, only, [src])
+            figures += collect(out, progress, quick, only, [src], plots=problem is None)
             # after each source, so an interrupted run still leaves what it computed
             md = write("" if i == len(SOURCES) - 1 else f"; partial: {src[0]} done")
     finally:

@@ -44,7 +44,7 @@ __all__ = [
     "watch",
 ]
 
-app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
+app: typer.Typer = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -58,20 +58,30 @@ def demo(
         float | None,
         typer.Option("--duration", min=5, help="seconds to run (default: the scenario's length)"),
     ] = None,
-    scenario: Annotated[str, typer.Option(help="bundled scenario name or TOML path")] = "load-step",
+    scenario: Annotated[str, typer.Option(
+        help="bundled scenario name or TOML path")] = "demo-load-step",
     broker: Annotated[
         str | None,
         typer.Option(help="HOST:PORT of a Mosquitto to use instead of the embedded broker"),
     ] = None,
     out: Annotated[Path, typer.Option(help="folder for the run's outputs")] = Path("demo-output"),
 ) -> None:
-    """Run valvey against the CDU simulator on embedded defaults, live, then summarise."""
-    from harness.demo import print_summary, run_demo
+    """Run valvey and racky against the rack simulator on embedded defaults, live, then
+    summarise (and print how to reach the running demo with rackctl)."""
+    from harness.demo import BrokerUnreachable, embedded_broker_problem, print_summary, run_demo
 
     if broker is not None:
         _host, _, port_s = broker.partition(":")
         if port_s and not (port_s.isdigit() and 1 <= int(port_s) <= 65535):
             _fail(f"--broker {broker!r}: expected HOST:PORT with a port 1..65535", EXIT_USAGE)
+    if not broker:
+        # the embedded broker is the tools extra's: said before anything starts (an install
+        # without it ended in a ModuleNotFoundError traceback)
+        problem = embedded_broker_problem()
+        if problem is not None:
+            _fail("demo not started: the embedded MQTT broker needs the tools extra (pip "
+                  f"install 'rackplane[tools]'; {problem}), or pass --broker HOST:PORT of a "
+                  "running Mosquitto", EXIT_NO_BROKER)
     configure_logging("warning", "console")
     console = Console()
     try:
@@ -83,8 +93,10 @@ def demo(
     except ConfigError as err:
         fail_config(err)
         return
+    except BrokerUnreachable as err:
+        _fail(f"demo not started: {err}", EXIT_NO_BROKER)
     except RuntimeError as err:
-        console.print(f"[red]demo failed: {err}[/]")
+        console.print(Text(f"demo failed: {err}", style="red"))
         raise typer.Exit(EXIT_RUNTIME) from None
     print_summary(summary, console)
     if summary.valvey_exit_code not in (0, None):
@@ -98,19 +110,32 @@ def replay(
     org: Annotated[str, typer.Option()] = "rackplane",
     bucket: Annotated[str, typer.Option()] = "rackplane",
     token_env: Annotated[str | None, typer.Option(help="env var holding the API token")] = None,
+    api: Annotated[str, typer.Option(
+        help="v2: /api/v2/write (org, bucket, token); v1: InfluxDB 1.x /write (database, "
+        "retention policy, username + password env)")] = "v2",
+    database: Annotated[str, typer.Option(help="v1: the database")] = "rackplane",
+    retention_policy: Annotated[str | None, typer.Option(help="v1: the retention policy")
+                                ] = None,
+    username: Annotated[str | None, typer.Option(help="v1: the user (HTTP Basic)")] = None,
+    password_env: Annotated[str | None, typer.Option(
+        help="v1: env var holding the user's password")] = None,
     give_up: Annotated[float, typer.Option(
         "--give-up", min=1.0, max=3600.0,
         help="stop after this many seconds without progress (REFERENCE §8: 180)")] = 180.0,
 ) -> None:
-    """Send a spool (the embedded store) to an InfluxDB v2 write API; exit 1 when it stops
-    early (database unreachable for --give-up seconds, or refused the settings)."""
+    """Send a spool (the embedded store) to an InfluxDB (v2 write API, or 1.x /write with
+    --api v1); exit 1 when it stops early (database unreachable for --give-up seconds, or
+    refused the settings)."""
     from rackplane.io.tsdb import replay as do_replay
 
     configure_logging("warning", "console")
     err_console = Console(stderr=True, soft_wrap=True)
     try:
-        settings = TsdbSettings(url=url, org=org, bucket=bucket, token_env=token_env,
-                                replay_give_up_s=give_up)
+        v1 = {"database": database, "retention_policy": retention_policy,
+              "username": username, "password_env": password_env} if api == "v1" else {}
+        settings = TsdbSettings.model_validate(
+            {"url": url, "org": org, "bucket": bucket, "token_env": token_env, "api": api,
+             "replay_give_up_s": give_up, **v1})
     except ValueError as err:
         _fail(f"invalid option: {_one_line(err)}", EXIT_CONFIG)
     console = Console()
@@ -275,11 +300,18 @@ def bench(
     out: Annotated[Path, typer.Option("--out", help="folder for results.json, results.md "
                                       "and plots")],
     quick: Annotated[bool, typer.Option("--quick", help="shorter runs (a smoke test)")] = False,
+    only: Annotated[list[str] | None, typer.Option(
+        "--only", help="run only this section (lockstep, callgrind, rlc, ingest, receive path, "
+        "restart, modbus, tsdb, chaos); repeat for several")] = None,
+    chaos_failovers: Annotated[int, typer.Option(
+        "--chaos-failovers", min=1, max=200,
+        help="failovers of each kind in the chaos section (3 with --quick)")] = 20,
 ) -> None:
     """Run the benchmarks (harness/bench.py) into OUT; exit 0 when every figure meets its
     target, 1 otherwise, 2 when the benchmarks are not available."""
     bench_main = _lazy_main("bench")
-    raise SystemExit(bench_main(out=out, quick=quick))
+    raise SystemExit(bench_main(out=out, quick=quick, only=list(only) if only else None,
+                                chaos_failovers=chaos_failovers))
 
 
 @app.command("scenarios")
@@ -305,7 +337,8 @@ ConfigOpt = Annotated[Path | None, typer.Option(
     "~/.config/rackctl/config.toml if it exists]")]
 HostOpt = Annotated[str | None, typer.Option(help="broker host [RACKCTL_HOST]")]
 PortOpt = Annotated[int | None, typer.Option(help="broker port [RACKCTL_PORT]")]
-ProtocolOpt = Annotated[str | None, typer.Option(help="MQTT 5 or 3.1.1 [RACKCTL_PROTOCOL]")]
+ProtocolOpt = Annotated[str | None, typer.Option(
+    help="MQTT 5, 3.1.1 or auto (v5, else 3.1.1; the default) [RACKCTL_PROTOCOL]")]
 UsernameOpt = Annotated[str | None, typer.Option(
     help="broker username [RACKCTL_USERNAME]; password only from $RACKCTL_PASSWORD")]
 CaOpt = Annotated[Path | None, typer.Option(help="CA file, enables TLS [RACKCTL_CA_FILE]")]
@@ -357,14 +390,17 @@ def _reply_table(daemon: str, verb: str, reply: dict[str, Any]) -> Table:
     ok = bool(reply.get("ok"))
     err = reply.get("error") or {}
     title = f"{daemon} {verb}: " + ("ok" if ok else f"refused ({err.get('code', '?')})")
-    t = Table(title=title, title_style="bold green" if ok else "bold red", show_header=False)
+    # every cell is a Text: what a daemon sends (a lease reason, an error message naming
+    # ``[commands.users]``) is shown as written, never read as rich markup (a reason like
+    # "[/x]" raised MarkupError in every other user's rackctl)
+    t = Table(title=Text(title, style="bold green" if ok else "bold red"), show_header=False)
     t.add_column("key", style="cyan")
     t.add_column("value", overflow="fold")
-    t.add_row("request_id", str(reply.get("request_id")))
+    t.add_row("request_id", Text(str(reply.get("request_id"))))
     if not ok:
-        t.add_row("error", str(err.get("message", "")))
+        t.add_row("error", Text(str(err.get("message", ""))))
     for key, text in _flatten(reply.get("state") or {}):
-        t.add_row(key, text)
+        t.add_row(Text(key), Text(text))
     return t
 
 
@@ -458,15 +494,18 @@ class _WatchView:
     """What `watch` shows: the latest status, each state thing and the active alarms."""
 
     def __init__(self, daemon: str) -> None:
+        from rackctl.pair import PairView
+
         self.daemon = daemon
-        self.status: dict[str, Any] | None = None
+        self.pair = PairView()  # status and status/<instance> (a pair: rackctl/pair.py)
         self.states: dict[str, Any] = {}
         self.alarms: dict[str, Any] = {}
 
     def update(self, kind: str, name: str, body: Any) -> None:
         if kind == "status":
-            self.status = body if isinstance(body, dict) else None
+            self.pair.update(kind, name, body)
         elif kind == "state":
+            self.pair.update(kind, name, body)
             self.states[name] = body
         elif kind == "alarm":
             if body is None:
@@ -475,25 +514,22 @@ class _WatchView:
                 self.alarms[name] = body
 
     def render(self) -> Group:
-        st = self.status or {}
-        head = Text(f"{self.daemon}: {st.get('status', 'unknown')}",
-                    style="bold green" if st.get("status") == "online" else "bold red")
-        parts: list[Any] = [head]
+        parts: list[Any] = [self.pair.status_line(self.daemon)]
         for thing, body in sorted(self.states.items()):
-            t = Table(title=f"state/{thing}", show_header=False, title_justify="left")
+            t = Table(title=Text(f"state/{thing}"), show_header=False, title_justify="left")
             t.add_column("key", style="cyan")
             t.add_column("value", overflow="fold")
             for key, text in _flatten(body if isinstance(body, dict) else {"value": body})[:40]:
-                t.add_row(key, text)
+                t.add_row(Text(key), Text(text))  # the daemon's text, never markup
             parts.append(t)
         a = Table(title=f"alarms ({len(self.alarms)})", title_justify="left")
         for col in ("id", "severity", "state", "acked", "shelved", "message"):
             a.add_column(col)
         for alarm_id, body in sorted(self.alarms.items()):
             b = body if isinstance(body, dict) else {}
-            a.add_row(alarm_id, str(b.get("severity", "")), str(b.get("state", "")),
-                      str(b.get("acked", "")), str(b.get("shelved", "")),
-                      str(b.get("message", "")))
+            a.add_row(*(Text(str(v)) for v in (
+                alarm_id, b.get("severity", ""), b.get("state", ""), b.get("acked", ""),
+                b.get("shelved", ""), b.get("message", ""))))
         parts.append(a)
         return Group(*parts)
 
@@ -599,7 +635,7 @@ def daemon_contracts() -> list[Any]:
     import importlib
 
     out = []
-    for daemon in ("valvey", "racky"):
+    for daemon in ("valvey", "racky", "rlc"):
         try:
             mod = importlib.import_module(f"{daemon}.commands")
         except ModuleNotFoundError:
@@ -679,3 +715,12 @@ def schemas(
             typer.echo(f"stale: {name}", err=True)
         raise typer.Exit(1 if stale else EXIT_OK)
     typer.echo(text, nl=False)
+
+
+if __name__ == "__main__":  # python -m rackctl.cli (python -m rackctl is the usual way)
+    main()
+
+
+# The pair's views and handover, the fleet tier's view (registered on `app` when imported).
+from rackctl import fleet as _fleet  # noqa: E402,F401
+from rackctl import pair as _pair  # noqa: E402,F401

@@ -8,11 +8,21 @@ docs/COMMANDS.md (DESIGN §3):
 - the envelope ``{request_id, issued_at, args}`` goes QoS 1, not retained, to
   ``<root>/<site>/<rack>/<daemon>/cmd/<user>/<verb>`` (``<user>`` = the broker username);
 - on MQTT v5 it carries a Response Topic in the user's own reply space,
-  ``.../cmd/<user>/<verb>/result/<nonce>`` (one nonce per client), and Correlation Data (the
-  request id); on 3.1.1 the reply comes on ``.../cmd/<user>/<verb>/result``. The client
-  subscribes ``.../cmd/<user>/+/result/#`` (both cases) before it publishes and matches the
-  reply by ``request_id``, else (v5) by its Correlation Data: a refusal of an unreadable
-  envelope (``too_large``, ``invalid_envelope``) has ``request_id`` null.
+  ``.../cmd/<user>/<verb>/result/<nonce>`` (one nonce per client), and Correlation Data (16
+  random bytes per request); on 3.1.1 the reply comes on ``.../cmd/<user>/<verb>/result``.
+  The client subscribes ``.../cmd/<user>/+/result/#`` (both cases) before it publishes.
+- A reply is matched, on v5, by its Correlation Data alone (a refusal of an unreadable
+  envelope, ``too_large`` or ``invalid_envelope``, has ``request_id`` null and is still
+  matched; one whose ``request_id`` is another request's is not); a reply without Correlation
+  Data (a daemon on MQTT 3.1.1 never sees the request's, and answers on ``.../result``) and
+  every reply on 3.1.1 are matched by ``request_id``. A retained message on a reply topic is
+  never a reply (a daemon never retains one): it is ignored and counted
+  (`CommandClient.ignored_replies`).
+- Protocol ``auto`` (the default) negotiates: MQTT v5 first; when that gets no CONNACK within
+  half of ``connect_timeout_s`` (a 3.1.1-only broker such as amqtt never answers a v5 CONNECT)
+  or a CONNACK refusing the protocol version, it reconnects on 3.1.1 for the rest of
+  ``connect_timeout_s`` (replies then on ``.../result``). A refused login is never retried on
+  the other version. `CommandClient.protocol` says which one it got.
 
 Connection settings (`ClientSettings`) come from, highest first: command-line flags,
 ``RACKCTL_<FIELD>`` environment variables (e.g. ``RACKCTL_HOST``, ``RACKCTL_CA_FILE``), a TOML
@@ -47,9 +57,10 @@ from pydantic import Field, field_validator, model_validator
 from rackplane.clock import SYSTEM_CLOCK, Clock
 from rackplane.commands import REQUEST_ID_PATTERN
 from rackplane.config import StrictModel, read_toml, validate_data
+from rackplane.core.names import check_topic_level, check_topic_levels
 from rackplane.errors import ConfigError
 from rackplane.io.mqtt import Handler, Message, MqttLink, Topics, encode_json
-from rackplane.settings import Identity, MqttSettings, TlsSettings
+from rackplane.settings import Identity, MqttSettings, TlsSettings, TopicLevel
 
 __all__ = [
     "ENV_PREFIX",
@@ -75,8 +86,11 @@ class ClientSettings(StrictModel):
 
     host: str = Field("127.0.0.1", description="broker host")
     port: int = Field(1883, ge=1, le=65535, description="broker port (TLS: usually 8883)")
-    protocol: Literal["3.1.1", "5"] = Field("5", description="MQTT protocol version")
-    username: str | None = Field(None, description="broker username (also the <user> level)")
+    protocol: Literal["auto", "3.1.1", "5"] = Field(
+        "auto", description="MQTT protocol version; auto: v5, falling back to 3.1.1 when the "
+        "broker does not speak v5")
+    username: TopicLevel | None = Field(
+        None, description="broker username (also the <user> level): a topic level")
     password_env: str = Field(
         "RACKCTL_PASSWORD", description="environment variable holding the password (never a "
         "flag or a file); unset: no password"
@@ -84,22 +98,20 @@ class ClientSettings(StrictModel):
     ca_file: Path | None = Field(None, description="CA certificate (PEM): enables TLS")
     cert_file: Path | None = Field(None, description="client certificate (PEM), optional")
     key_file: Path | None = Field(None, description="client key (PEM), with cert_file")
-    site: str = Field("lab", description="topic level <site>")
-    rack: str = Field("rack1", description="topic level <rack>")
+    site: TopicLevel = Field("lab", description="topic level <site>")
+    rack: TopicLevel = Field("rack1", description="topic level <rack>")
     topic_root: str = Field("rackplane", description="first topic level(s)")
-    user: str | None = Field(
+    user: TopicLevel | None = Field(
         None, description="the cmd/<user> level; default the username, else the login name "
         "(without broker authentication it proves nothing)"
     )
     timeout_s: float = Field(10.0, gt=0, le=3600, description="wait for a reply [s]")
     connect_timeout_s: float = Field(5.0, gt=0, le=120, description="wait for the broker [s]")
 
-    @field_validator("user")
+    @field_validator("topic_root")
     @classmethod
-    def _user_level(cls, v: str | None) -> str | None:
-        if v is not None and (not v or any(c in v for c in "/+#\x00")):
-            raise ValueError("must be one non-empty topic level without '/', '+' or '#'")
-        return v
+    def _root_levels(cls, v: str) -> str:
+        return check_topic_levels(v, "topic_root")
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ClientSettings:
@@ -111,8 +123,12 @@ class ClientSettings(StrictModel):
 
     @property
     def topic_user(self) -> str:
-        """The ``cmd/<user>`` level: ``user``, else ``username``, else the login name."""
-        return self.user or self.username or getpass.getuser()
+        """The ``cmd/<user>`` level: ``user``, else ``username``, else the login name.
+
+        Raises:
+            ValueError: the login name is not a valid topic level (set ``user``)."""
+        return self.user or self.username or check_topic_level(getpass.getuser(),
+                                                               "login name (set --user)")
 
     def identity(self) -> Identity:
         """The site and rack addressed (the row is not a topic level)."""
@@ -131,13 +147,17 @@ class ClientSettings(StrictModel):
         rackctl runs never take over each other's connection), quick reconnects, the password
         from ``password_env`` if that variable is set."""
         env = os.environ if environ is None else environ
+        # The client id only names the connection: a login name that is no topic level
+        # (e.g. "john.doe") is made safe here; commanding needs a valid `topic_user`.
+        who = re.sub(r"[^A-Za-z0-9_:-]", "_", self.user or self.username or getpass.getuser())
         tls = None
         if self.ca_file is not None:
             tls = TlsSettings(ca_file=self.ca_file, cert_file=self.cert_file,
                               key_file=self.key_file)
         return MqttSettings(
-            host=self.host, port=self.port, protocol=self.protocol,
-            client_id=f"rackctl-{self.topic_user[:24]}-{uuid.uuid4().hex[:10]}",
+            host=self.host, port=self.port, protocol="5" if self.protocol == "auto" else
+            self.protocol,
+            client_id=f"rackctl-{who[:24]}-{uuid.uuid4().hex[:10]}",
             username=self.username,
             password_env=self.password_env if self.password_env in env else None,
             tls=tls, clean_session=True, reconnect_min_s=0.2, reconnect_max_s=1.0,
@@ -281,8 +301,10 @@ def validate_request_id(request_id: str) -> str:
 
 
 def watch_filters(topics: Topics) -> list[str]:
-    """What ``rackctl watch`` subscribes: ``status``, ``state/+``, ``alarm/+``."""
-    return [topics.status, f"{topics.base}/state/+", f"{topics.base}/alarm/+"]
+    """What ``rackctl watch`` subscribes: ``status``, ``status/+`` (a pair's instances),
+    ``state/+``, ``alarm/+``."""
+    return [topics.status, f"{topics.base}/status/+", f"{topics.base}/state/+",
+            f"{topics.base}/alarm/+"]
 
 
 class BrokerUnavailable(Exception):
@@ -315,12 +337,21 @@ class CommandClient:
     """
 
     def __init__(self, settings: ClientSettings, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.requested_protocol = settings.protocol
+        """The protocol asked for (``auto``, ``3.1.1`` or ``5``)."""
+        if settings.protocol == "auto":
+            settings = settings.model_copy(update={"protocol": "5"})
         self.settings = settings
+        """The settings in use; ``protocol`` is the one connected with (after `__aenter__`)."""
         self._clock = clock
         self.link = MqttLink(settings.mqtt(), settings.identity(), "rackctl", clock=clock,
                              announce=False)
         self._nonce = uuid.uuid4().hex[:12]
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._by_correlation: dict[bytes, str] = {}
+        self.ignored_replies: dict[str, int] = {}
+        """Messages on the reply topics that were not taken as a reply, by reason
+        (``retained``, ``not_json``, ``unmatched``)."""
         self._reply_filters: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self.arrivals: list[str] = []
@@ -339,14 +370,49 @@ class CommandClient:
             self._reply_filters.add(flt)
             self.link.subscribe(flt, self._on_reply, qos=1)
 
+    @property
+    def protocol(self) -> str:
+        """The MQTT protocol version in use: ``5`` or ``3.1.1``."""
+        return self.settings.protocol
+
     async def __aenter__(self) -> CommandClient:
+        s = self.settings
+        if self.requested_protocol != "auto":
+            await self._start(s.connect_timeout_s)
+            return self
+        half_s = s.connect_timeout_s / 2
+        try:
+            await self._start(half_s)
+            return self
+        except BrokerUnavailable as err:
+            first = str(err)
+        except BrokerRefused as err:
+            if "protocol version" not in str(err).lower():
+                raise
+            first = str(err)
+        # the broker did not take v5: the same subscriptions on a fresh 3.1.1 link
+        old = self.link
+        self.settings = s.model_copy(update={"protocol": "3.1.1"})
+        self.link = MqttLink(self.settings.mqtt(), self.settings.identity(), "rackctl",
+                             clock=self._clock, announce=False)
+        for flt in old.configured_topics:
+            sub = old._subs[flt]
+            for handler in sub.handlers:
+                self.link.subscribe(flt, handler, qos=sub.qos)
+        try:
+            await self._start(s.connect_timeout_s - half_s)
+        except BrokerUnavailable as err:
+            raise BrokerUnavailable(f"MQTT v5: {first}; MQTT 3.1.1: {err}") from None
+        return self
+
+    async def _start(self, timeout_s: float) -> None:
+        """Run the link and wait up to ``timeout_s`` for its connection."""
         self._task = asyncio.create_task(self.link.run(), name="rackctl-mqtt")
         try:
-            await self._wait_connected()
+            await self._wait_connected(timeout_s)
         except BaseException:
             await self._close()
             raise
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self._close()
@@ -361,9 +427,9 @@ class CommandClient:
         for fut in self._pending.values():
             fut.cancel()
 
-    async def _wait_connected(self) -> None:
+    async def _wait_connected(self, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.connect_timeout_s
+        deadline = loop.time() + timeout_s
         s = self.settings
         while True:
             with contextlib.suppress(TimeoutError):
@@ -380,7 +446,7 @@ class CommandClient:
                 why = st.last_connect_error or "no answer"
                 raise BrokerUnavailable(
                     f"no connection to the broker at {s.host}:{s.port} within "
-                    f"{s.connect_timeout_s:g} s ({why})"
+                    f"{timeout_s:g} s ({why})"
                 )
 
     async def _wait_subscribed(self, topic_filter: str, timeout_s: float) -> None:
@@ -392,23 +458,38 @@ class CommandClient:
                                         f"{topic_filter} within {timeout_s:g} s")
             await asyncio.sleep(0.01)
 
+    def _ignore(self, why: str) -> None:
+        self.ignored_replies[why] = self.ignored_replies.get(why, 0) + 1
+
     def _on_reply(self, msg: Message) -> None:
+        """Match one message on a reply topic to a pending request (module docstring)."""
+        if msg.retain:
+            self._ignore("retained")  # a reply is never retained: a stale or forged one
+            return
         try:
             body = msg.json()
         except ValueError:
+            self._ignore("not_json")
             return
         if not isinstance(body, dict):
+            self._ignore("not_json")
             return
         rid = body.get("request_id")
-        fut = self._pending.get(rid) if isinstance(rid, str) else None
-        if fut is None and msg.correlation_data:
-            # v5: a refusal of an unreadable envelope (too_large, invalid_envelope) has
-            # request_id null but still echoes our Correlation Data (the request id).
-            rid = msg.correlation_data.decode("utf-8", "replace")
-            fut = self._pending.get(rid)
-        if fut is not None and not fut.done():
-            self.arrivals.append(str(rid))
-            fut.set_result(body)
+        if self.settings.protocol == "5" and msg.correlation_data is not None:
+            match = self._by_correlation.get(msg.correlation_data)
+            if match is None or (rid is not None and rid != match):
+                self._ignore("unmatched")
+                return
+            rid = match
+        elif not isinstance(rid, str):
+            self._ignore("unmatched")
+            return
+        fut = self._pending.get(rid)
+        if fut is None or fut.done():
+            self._ignore("unmatched")
+            return
+        self.arrivals.append(rid)
+        fut.set_result(body)
 
     def envelope(self, args: Mapping[str, Any], request_id: str) -> dict[str, Any]:
         """The command envelope with ``issued_at`` = now (wall clock, RFC 3339 UTC)."""
@@ -447,12 +528,21 @@ class CommandClient:
         await self._wait_subscribed(f"{topics.base}/cmd/{s.topic_user}/+/result/#",
                                     max(s.timeout_s, 1.0))
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        corr = uuid.uuid4().bytes if s.protocol == "5" else None
         self._pending[rid] = fut
-        fut.add_done_callback(lambda _f: self._pending.pop(rid, None))
+        if corr is not None:
+            self._by_correlation[corr] = rid
+
+        def done(_f: object) -> None:
+            self._pending.pop(rid, None)
+            if corr is not None:
+                self._by_correlation.pop(corr, None)
+
+        fut.add_done_callback(done)
         response_topic = f"{topic}/result/{self._nonce}" if s.protocol == "5" else None
         try:
             await self.link.publish(topic, data, qos=1, response_topic=response_topic,
-                                    correlation_data=rid.encode())
+                                    correlation_data=corr)
         except BaseException:
             fut.cancel()
             raise

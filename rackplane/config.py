@@ -25,6 +25,7 @@ from rackplane.errors import ConfigError
 from rackplane.paths import is_in_state_directory
 
 __all__ = [
+    "UNSET",
     "M",
     "StrictModel",
     "check_environment",
@@ -76,11 +77,27 @@ def _strict_problem(annotation: Any, value: Any) -> str | None:
     return None
 
 
+UNSET = "unset"
+"""TOML has no null: an optional key (one whose default or type admits None) written as this
+string is None, i.e. switched off (e.g. ``[points] flow = "unset"`` for a CDU without a flow
+meter). Leaving the key out keeps its default."""
+
+
+def _admits_none(annotation: Any) -> bool:
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _admits_none(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return type(None) in get_args(annotation)
+    return annotation is None or annotation is type(None)
+
+
 class StrictModel(BaseModel):
     """Base for every config model: unknown keys are errors, instances are immutable.
 
     Scalars are type-strict (`_strict_problem`): a TOML bool or string never becomes a number,
-    a string never becomes a bool, a float field is never inf or nan (TOML has both).
+    a string never becomes a bool, a float field is never inf or nan (TOML has both). An
+    optional field set to `UNSET` (``"unset"``) is None.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
@@ -92,6 +109,11 @@ class StrictModel(BaseModel):
             return v  # pydantic's own strict mode already refuses these (command args)
         field = cls.model_fields.get(info.field_name or "")
         if field is not None:
+            if v == UNSET:
+                if _admits_none(field.annotation):
+                    return None
+                raise ValueError(f"{UNSET!r} switches off optional keys only; this key is "
+                                 "required: give it a value")
             problem = _strict_problem(field.annotation, v)
             if problem:
                 raise ValueError(problem)
@@ -101,14 +123,57 @@ class StrictModel(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 
 
-def format_validation_error(err: ValidationError, source: str) -> list[str]:
-    """One line per problem: ``<source>: <key.path[3].sub>: <message> (got <input>)``."""
+_RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than",
+                           "less_than_equal"})
+
+
+def _field_range(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str | None:
+    """The allowed range of the field at ``loc`` in ``model`` (nested models followed), as
+    ``[lo, hi]`` with ``(`` / ``)`` for open ends and ∞ for none; None when it has no bounds
+    or ``loc`` is not a field path."""
+    m: Any = model
+    info = None
+    for part in loc:
+        if not (isinstance(m, type) and issubclass(m, BaseModel)) or not isinstance(part, str):
+            return None
+        info = m.model_fields.get(part)
+        if info is None:
+            return None
+        m = info.annotation
+    if info is None:
+        return None
+    lo, hi, lo_open, hi_open = -math.inf, math.inf, True, True
+    for c in info.metadata:
+        for attr, is_lo, is_open in (("ge", True, False), ("gt", True, True),
+                                     ("le", False, False), ("lt", False, True)):
+            v = getattr(c, attr, None)
+            if isinstance(v, int | float):
+                if is_lo:
+                    lo, lo_open = float(v), is_open
+                else:
+                    hi, hi_open = float(v), is_open
+    if lo == -math.inf and hi == math.inf:
+        return None
+    def num(x: float) -> str:
+        return "∞" if x == math.inf else "-∞" if x == -math.inf else f"{x:g}"
+    return f"{'(' if lo_open else '['}{num(lo)}, {num(hi)}{')' if hi_open else ']'}"
+
+
+def format_validation_error(err: ValidationError, source: str,
+                            model: type[BaseModel] | None = None) -> list[str]:
+    """One line per problem: ``<source>: <key.path[3].sub>: <message> (got <input>)``; a value
+    outside its bounds also names the field's whole range (``got 50, allowed [0, 20]``) when
+    ``model`` is given."""
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"])
         loc = loc.replace(".[", "[") or "<root>"
         got = e.get("input")
         shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+        if shown and e["type"] in _RANGE_ERRORS:
+            allowed = _field_range(model, tuple(e["loc"]))
+            if allowed is not None:
+                shown = f" (got {got!r}, allowed {allowed})"
         lines.append(f"{source}: {loc}: {e['msg']}{shown}")
     return lines
 
@@ -126,7 +191,7 @@ def validate_data(
     try:
         return model.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as err:
-        problems = format_validation_error(err, source)
+        problems = format_validation_error(err, source, model)
         raise ConfigError(
             f"invalid configuration in {source}:\n  " + "\n  ".join(problems),
             path=source,
@@ -234,6 +299,8 @@ def toml_value(v: Any) -> str | None:
     if isinstance(v, list | tuple):
         items = [toml_value(x) for x in v]
         return None if any(i is None for i in items) else "[" + ", ".join(items) + "]"  # type: ignore[arg-type]
+    if isinstance(v, BaseModel):  # a model inside a table (e.g. a plausibility window)
+        v = v.model_dump()
     if isinstance(v, dict):
         parts = [(k, toml_value(x)) for k, x in v.items()]
         if any(r is None for _, r in parts):

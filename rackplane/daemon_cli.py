@@ -29,6 +29,7 @@ from rackplane.cli import (
 from rackplane.config import example_toml
 from rackplane.errors import ConfigError
 from rackplane.io.service import Daemon, run_daemon
+from rackplane.log import get_logger
 from rackplane.settings import LogSettings
 
 __all__ = ["DaemonCli", "daemon_app"]
@@ -54,6 +55,9 @@ class DaemonCli(Generic[L]):
         dry_connect_help: the ``--dry-connect`` help text.
         build: what `load` returned and the path -> the daemon (may raise `ConfigError`).
         no_args_is_help: typer's option of the same name.
+        warnings: what `load` returned -> plausibility warnings (values far outside their
+            physical range, `rackplane.config_plausibility`): printed by ``--check-config`` (which
+            still exits 0) and logged at start (``config_implausible``, once each).
     """
 
     name: str
@@ -67,6 +71,7 @@ class DaemonCli(Generic[L]):
     dry_connect_help: str
     build: Callable[[L, Path | None], Daemon]
     no_args_is_help: bool | None = None
+    warnings: Callable[[L], list[str]] | None = None
 
 
 def daemon_app(spec: DaemonCli[L]) -> typer.Typer:
@@ -106,9 +111,14 @@ def daemon_app(spec: DaemonCli[L]) -> typer.Typer:
             return
         setup_logging(log_level, log_format, spec.log_settings(loaded))
         console = Console()
+        implausible = spec.warnings(loaded) if spec.warnings is not None else []
         if check_config:
+            for w in implausible:
+                console.print(f"warning: {w}", highlight=False, markup=False)
             console.print(spec.summary(loaded, config), highlight=False, markup=False)
             raise typer.Exit(EXIT_OK)
+        for w in implausible:
+            get_logger(spec.name).warning("config_implausible", warning=w)
         if dry_connect:
             raise typer.Exit(spec.dry_connect(loaded, console))
         try:

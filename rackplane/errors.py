@@ -17,6 +17,7 @@ __all__ = [
     "SpoolError",
     "TsdbError",
     "TsdbRejected",
+    "WriteFenced",
     "WriteRejected",
 ]
 
@@ -90,6 +91,11 @@ class ModbusDecodeError(ModbusError):
 
 class WriteRejected(RackplaneError):
     """A write was refused before reaching the device (limits, not writable, unknown point)."""
+
+
+class WriteFenced(WriteRejected):
+    """A write refused because this instance of a redundant pair does not hold the leadership
+    lease now (standby, or past its renew deadline: `rackplane.core.leadership`)."""
 
 
 # --- MQTT / commands ------------------------------------------------------------------------

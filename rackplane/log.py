@@ -18,6 +18,20 @@ __all__ = ["configure_logging", "get_logger"]
 _configured = False
 
 
+class _Stderr:
+    """``sys.stderr`` as it is at each write, not as it was at configuration: a stream that
+    was replaced (and closed) since, as test runners do, never receives a log line."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure_logging(
     level: str = "info",
     fmt: Literal["auto", "console", "json"] = "auto",
@@ -29,10 +43,10 @@ def configure_logging(
         level: ``debug``, ``info``, ``warning`` or ``error``.
         fmt: ``console`` (coloured, for people), ``json`` (one object per line), or ``auto``:
             console when ``stream`` is a TTY, else JSON.
-        stream: where to write; default stderr.
+        stream: where to write; default stderr (the current ``sys.stderr`` at every write).
     """
     global _configured
-    stream = stream or sys.stderr
+    stream = stream or _Stderr()
     if fmt == "auto":
         fmt = "console" if getattr(stream, "isatty", lambda: False)() else "json"
     lvl = getattr(logging, level.upper())

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from rackplane.config import StrictModel
+from rackplane.core.names import check_client_id, check_topic_level
 from rackplane.paths import in_state_directory, state_directory
 
 __all__ = [
+    "ClientId",
     "CommandSettings",
     "DaemonSettings",
     "Identity",
@@ -26,15 +28,27 @@ __all__ = [
     "MqttSettings",
     "SpoolSettings",
     "TlsSettings",
+    "TopicLevel",
     "TsdbSettings",
+    "default_spool_directory",
     "effective_spool",
     "environment_checks",
     "parse_listen",
     "resolve_path",
+    "spool_folder",
 ]
 
-# A topic level and a tag value: no MQTT wildcards or separators, no control characters.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+
+def _level(v: str) -> str:
+    return check_topic_level(v, "value")
+
+
+TopicLevel = Annotated[str, AfterValidator(_level)]
+"""A config value that becomes one MQTT topic level (site, rack, a daemon name, a broker
+username, a thing name): `rackplane.core.names.TOPIC_LEVEL_PATTERN`."""
+
+ClientId = Annotated[str, AfterValidator(check_client_id)]
+"""An MQTT client id: the topic-level alphabet, up to `rackplane.core.names.CLIENT_ID_MAX`."""
 
 
 def resolve_path(value: Path, info: ValidationInfo) -> Path:
@@ -48,19 +62,9 @@ def resolve_path(value: Path, info: ValidationInfo) -> Path:
 class Identity(StrictModel):
     """Where this daemon sits: the first MQTT topic levels and the time-series tags."""
 
-    site: str = "lab"
-    row: str = "row1"
-    rack: str = "rack1"
-
-    @field_validator("site", "row", "rack")
-    @classmethod
-    def _topic_safe(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
-            raise ValueError(
-                "must be 1-64 characters of letters, digits, '_', '.', ':' or '-', starting "
-                "with a letter or digit (it is an MQTT topic level and a time-series tag)"
-            )
-        return v
+    site: TopicLevel = "lab"
+    row: TopicLevel = "row1"
+    rack: TopicLevel = "rack1"
 
 
 class TlsSettings(StrictModel):
@@ -89,10 +93,15 @@ class MqttSettings(StrictModel):
     host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(1883, ge=1, le=65535)
     protocol: Literal["3.1.1", "5"] = "5"
-    client_id: str | None = Field(
-        None, description="fixed client id; default '<daemon>-<site>-<rack>'"
+    client_id: ClientId | None = Field(
+        None, description="fixed client id; default '<daemon>-<site>-<rack>'. 1-200 "
+        "characters of letters, digits, '_', ':', '-' (no '/', '+', '#', '$', '.', spaces)"
     )
-    username: str | None = None
+    username: TopicLevel | None = Field(
+        None, description="broker username; it is the <user> level of this daemon's requests "
+        "to its peers (cmd/<user>/<verb>), so a topic level: 1-64 letters, digits, '_', ':', "
+        "'-'"
+    )
     password_env: str | None = Field(None, description="name of the env var holding the password")
     tls: TlsSettings | None = None
     keepalive_s: int = Field(15, ge=5, le=3600)
@@ -129,10 +138,8 @@ class MqttSettings(StrictModel):
     @field_validator("topic_root")
     @classmethod
     def _root(cls, v: str) -> str:
-        levels = v.split("/")
-        if not v or any(not lv or "+" in lv or "#" in lv or "\x00" in lv for lv in levels):
-            raise ValueError("must be one or more topic levels without wildcards (+ #), "
-                             "empty levels or a leading/trailing '/'")
+        for level in v.split("/"):
+            check_topic_level(level, "topic_root level")
         return v
 
     @model_validator(mode="after")
@@ -145,7 +152,12 @@ class MqttSettings(StrictModel):
 class SpoolSettings(StrictModel):
     """The on-disk telemetry spool (and, with no database configured, the embedded store)."""
 
-    directory: Path = Path("spool")
+    directory: Path | None = Field(
+        None, description="the spool folder; unset: spool/<daemon>-<site>-<row>-<rack> (a "
+        "folder per daemon and rack, so two daemons started from one folder never share "
+        "one; under systemd inside $STATE_DIRECTORY). One process per folder: a folder held "
+        "by another process is reported by --check-config"
+    )
     max_bytes: int = Field(
         512 * 2**20, ge=2**20, description="bound on the whole spool; the oldest segments "
         "are removed (and counted) beyond it"
@@ -164,9 +176,11 @@ class SpoolSettings(StrictModel):
 
     @field_validator("directory")
     @classmethod
-    def _resolve(cls, v: Path, info: ValidationInfo) -> Path:
+    def _resolve(cls, v: Path | None, info: ValidationInfo) -> Path | None:
         # Under systemd a relative spool lives in $STATE_DIRECTORY (the one writable place
         # under ProtectSystem=strict), never next to a config file in /etc.
+        if v is None:
+            return None  # the default: `effective_spool` names it per daemon and rack
         state_dir = state_directory()
         if not v.is_absolute() and state_dir is not None:
             return (state_dir / v).resolve()
@@ -180,12 +194,39 @@ class SpoolSettings(StrictModel):
 
 
 class TsdbSettings(StrictModel):
-    """InfluxDB v2 write API target. ``url = None`` keeps everything in the spool only."""
+    """The InfluxDB the telemetry goes to: the v2 write API (``/api/v2/write``: InfluxDB 2.x,
+    3.x, 1.8+) or the 1.x one (``/write``: every InfluxDB 1.x). ``url = None`` keeps
+    everything in the spool only. Both APIs share the spool, batching, retry and refusal
+    rules (`rackplane.io.tsdb`)."""
 
     url: str | None = Field(None, description="e.g. http://influx:8086; None: embedded store")
-    org: str = "rackplane"
-    bucket: str = "rackplane"
-    token_env: str | None = Field(None, description="env var holding the API token")
+    api: Literal["v2", "v1"] = Field(
+        "v2", description="'v2': POST /api/v2/write with org, bucket and token_env (InfluxDB "
+        "2.x, 3.x, and 1.8+ through its compatibility API); 'v1': POST /write with database, "
+        "retention_policy and optionally username + password_env (every InfluxDB 1.x, e.g. "
+        "Debian's 1.6, which has no /api/v2/write). Timestamps are always sent as ns"
+    )
+    org: str = Field("rackplane", description="api = 'v2': the organisation")
+    bucket: str = Field("rackplane", description="api = 'v2': the bucket")
+    token_env: str | None = Field(
+        None, description="api = 'v2': env var holding the API token"
+    )
+    database: str = Field(
+        "rackplane", min_length=1, description="api = 'v1': the database (/write?db=). It "
+        "must exist (CREATE DATABASE): a missing one is a configuration error (404), logged, "
+        "the data kept and retried"
+    )
+    retention_policy: str | None = Field(
+        None, min_length=1, description="api = 'v1': the retention policy (/write?rp=); "
+        "None: the database's default"
+    )
+    username: str | None = Field(
+        None, min_length=1, description="api = 'v1' on a server with auth-enabled: the user "
+        "(HTTP Basic authentication; the password comes from password_env)"
+    )
+    password_env: str | None = Field(
+        None, description="api = 'v1': env var holding username's password"
+    )
     batch_lines: int = Field(1000, ge=1, le=100_000)
     flush_interval_s: float = Field(1.0, gt=0, le=60)
     timeout_s: float = Field(10.0, gt=0, le=120)
@@ -198,6 +239,13 @@ class TsdbSettings(StrictModel):
         5.0, ge=0, description="time allowed at shutdown to drain the spool; the rest is "
         "sent after restart. Keep it below systemd's TimeoutStopSec"
     )
+    ts_out_of_window: Literal["restamp", "drop"] = Field(
+        "restamp", description="a line whose timestamp is outside 2020..2100 (seconds or ms "
+        "taken for ns, an unsynchronised clock) is never written as is: restamp gives it its "
+        "arrival time (lines written while the wall clock itself is outside the window are "
+        "held and restamped with their real time once it is in), drop drops it; both counted "
+        "(ts_out_of_window) and logged once per change"
+    )
     replay_give_up_s: float = Field(
         180.0, gt=0, description="rackctl replay stops after this long without progress "
         "(REFERENCE §8 InfluxDB retries: give up after 180 s); its cursor lets a later replay "
@@ -208,6 +256,22 @@ class TsdbSettings(StrictModel):
     def _retry(self) -> TsdbSettings:
         if self.retry_max_s < self.retry_initial_s:
             raise ValueError("retry_max_s must be >= retry_initial_s")
+        if self.api == "v1":
+            if self.token_env is not None:
+                raise ValueError("token_env is for api = 'v2'; InfluxDB 1.x authenticates "
+                                 "with username + password_env")
+            if (self.username is None) != (self.password_env is None):
+                raise ValueError("api = 'v1': give both username and password_env, or neither "
+                                 "(a server without auth)")
+        else:
+            v1_only = {k: v for k, v in (("retention_policy", self.retention_policy),
+                                          ("username", self.username),
+                                          ("password_env", self.password_env)) if v is not None}
+            if self.database != "rackplane":
+                v1_only["database"] = self.database
+            if v1_only:
+                raise ValueError(f"{', '.join(v1_only)} are for api = 'v1' (InfluxDB 1.x "
+                                 "/write); api = 'v2' uses org, bucket and token_env")
         return self
 
     @field_validator("url")
@@ -219,9 +283,11 @@ class TsdbSettings(StrictModel):
 
 
 class ModbusTargetSettings(StrictModel):
-    """One Modbus TCP device: one owner task, one connection."""
+    """One Modbus device (one unit): one owner task. Targets with the same host, port and
+    framer (or serial port) share one connection in a daemon that passes a
+    `rackplane.io.modbus.ModbusLinks` (racky does), each unit with its own bulkhead."""
 
-    name: str
+    name: TopicLevel
     host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(502, ge=1, le=65535)
     unit_id: int = Field(1, ge=0, le=255, description="0 is a real device over TCP (BR-06)")
@@ -245,13 +311,29 @@ class ModbusTargetSettings(StrictModel):
         True,
         description="False for a write-only target (e.g. an RTU broadcast, unit 0): no reads",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
-            raise ValueError("device name must be topic/tag safe (letters, digits, _ . : -)")
-        return v
+    unavailable_after_failures: int = Field(
+        3, ge=1, le=100,
+        description="a unit that shares its connection (same host:port) with other units is "
+        "marked unavailable after this many timeouts in a row (its connection is kept; alone "
+        "on a connection, a timeout replaces the connection instead, BR-07)",
+    )
+    dormant_reprobe_s: float = Field(
+        30.0, ge=0.05, le=86_400, allow_inf_nan=False,
+        description="an unavailable unit (timeouts as above, or a gateway answering exception "
+        "10/11 for it: at once) is read again no more often than this, s; its points stay "
+        "STALE meanwhile",
+    )
+    refused_reprobe_s: float = Field(
+        600.0, ge=0.05, le=86_400, allow_inf_nan=False,
+        description="a point the device refused alone (exception 2 illegal address, 3 illegal "
+        "value) is not read again before this, s (its samples stay BAD with the refusal's "
+        "reason); block reads across a refused address are split at once",
+    )
+    local_echo: bool = Field(
+        False,
+        description="RTU only: the RS-485 adapter echoes every byte sent; the echo is read "
+        "back, checked against the request and discarded",
+    )
 
     @field_validator("register_map")
     @classmethod
@@ -264,6 +346,8 @@ class ModbusTargetSettings(StrictModel):
     def _backoff(self) -> ModbusTargetSettings:
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ValueError("reconnect_max_s must be >= reconnect_min_s")
+        if self.local_echo and self.framer != "rtu":
+            raise ValueError("local_echo is for RTU (RS-485) lines: it needs framer = 'rtu'")
         if self.framer == "rtu":
             if self.unit_id == 0 and self.poll_enabled:
                 raise ValueError(
@@ -288,7 +372,7 @@ class CommandSettings(StrictModel):
     every user is a ``reader`` (``get_state`` only) until named in ``users``.
     """
 
-    users: dict[str, Role] = Field(
+    users: dict[TopicLevel, Role] = Field(
         default_factory=dict,
         description="broker username -> role (operator | automation | reader), e.g. "
         "{ alice = 'operator', bms = 'automation' }",
@@ -333,16 +417,6 @@ class CommandSettings(StrictModel):
             raise ValueError("lease_default_ttl_s must be <= lease_max_ttl_s")
         return self
 
-    @field_validator("users")
-    @classmethod
-    def _usernames(cls, v: dict[str, Role]) -> dict[str, Role]:
-        for name in v:
-            if not name or any(c in name for c in "/+#\x00"):
-                raise ValueError(
-                    f"username {name!r} must be one non-empty MQTT topic level (no '/', '+', "
-                    "'#'): it is the <user> level of cmd/<user>/<verb>"
-                )
-        return v
 
 
 class MetricsSettings(StrictModel):
@@ -393,16 +467,45 @@ class LogSettings(StrictModel):
 
 def environment_checks(mqtt: MqttSettings, tsdb: TsdbSettings) -> dict[str, str | None]:
     """Key paths of the env vars a daemon's config names (for `check_environment`)."""
-    return {"mqtt.password_env": mqtt.password_env, "tsdb.token_env": tsdb.token_env}
+    return {"mqtt.password_env": mqtt.password_env, "tsdb.token_env": tsdb.token_env,
+            "tsdb.password_env": tsdb.password_env}
 
 
-def effective_spool(spool: SpoolSettings, environ: dict[str, str] | None = None) -> SpoolSettings:
-    """Under systemd (``$STATE_DIRECTORY``) a relative spool directory lives in the state dir
-    (`rackplane.paths.in_state_directory`)."""
-    directory = in_state_directory(spool.directory, environ)
+def default_spool_directory(daemon: str, identity: Identity) -> Path:
+    """The spool folder when ``spool.directory`` is unset: one per daemon and rack,
+    ``spool/<daemon>-<site>-<row>-<rack>`` (relative: the working directory, or
+    ``$STATE_DIRECTORY`` under systemd)."""
+    return Path("spool") / f"{daemon}-{identity.site}-{identity.row}-{identity.rack}"
+
+
+def effective_spool(spool: SpoolSettings, environ: dict[str, str] | None = None, *,
+                    daemon: str | None = None,
+                    identity: Identity | None = None) -> SpoolSettings:
+    """The spool settings with the folder the daemon uses: `default_spool_directory` when
+    unset (``daemon`` and ``identity`` needed then); under systemd (``$STATE_DIRECTORY``) a
+    relative folder lives in the state dir (`rackplane.paths.in_state_directory`).
+
+    Raises:
+        ValueError: ``spool.directory`` unset and ``daemon`` or ``identity`` not given.
+    """
+    directory = spool.directory
+    if directory is None:
+        if daemon is None or identity is None:
+            raise ValueError("spool.directory is unset: effective_spool needs the daemon "
+                             "name and identity to name its default folder")
+        directory = default_spool_directory(daemon, identity)
+    directory = in_state_directory(directory, environ)
     if directory != spool.directory:
         return spool.model_copy(update={"directory": directory})
     return spool
+
+
+def spool_folder(spool: SpoolSettings, *, daemon: str, identity: Identity,
+                 environ: dict[str, str] | None = None) -> Path:
+    """The folder the daemon ``daemon`` spools to (`effective_spool`'s ``directory``)."""
+    directory = effective_spool(spool, environ, daemon=daemon, identity=identity).directory
+    assert directory is not None  # effective_spool names the default folder
+    return directory
 
 
 class DaemonSettings(StrictModel):

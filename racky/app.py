@@ -16,6 +16,15 @@ Persisted state (`racky.persist.StateStore`: lifecycle, trays powered off by saf
 requests, budget override, last validation) is written atomically in a worker thread whenever
 the core says it changed; validation reports (`racky.report`) are written the same way.
 
+One instance of a redundant pair (``[leadership] enabled = true``, issue 15; the frame runs
+the lease and the state sync, `racky.pair` holds racky's part): only while active does it
+send commands to the node agents (epoch ``2**62 + `` its lease epoch; on each new tenure
+every tray gets its settings at the first tick, so the agents learn the epoch at once and
+refuse the old active's), answer commands, and publish the rack's shared state, alarms and
+telemetry; as standby its core runs in shadow (reads the shelves and the agents' telemetry,
+computes, counts the commands it would send) and follows the active's state record;
+it publishes only ``status/<instance>`` and ``state/pair_<instance>``.
+
 Shutdown (SIGTERM): the tick stops, state is persisted, ``stopping`` is published, the spool is
 fsynced and drained within ``tsdb.stop_budget_s``. The node agents keep the settings racky gave
 them (caps stay in force without racky; a safety power-down stays down).
@@ -26,17 +35,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Unpack
 
 from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.core.alarms import AlarmEvent
+from rackplane.core.envelope import alarm_payload
 from rackplane.core.registers import RegisterMap, load_register_map
 from rackplane.core.samples import Quality, Sample
 from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask
 from rackplane.errors import ConfigError, MqttError
-from rackplane.io.modbus import ModbusDevice
+from rackplane.io.modbus import ModbusDevice, ModbusLinks
 from rackplane.io.mqtt import Message, validate_topic
 from rackplane.io.selfmetrics import (
     TELEMETRY_ALARMS,
@@ -44,16 +55,20 @@ from rackplane.io.selfmetrics import (
     telemetry_alarm_conditions,
 )
 from rackplane.io.spool import check_spool_config
-from rackplane.settings import ModbusTargetSettings, effective_spool, environment_checks
+from rackplane.settings import ModbusTargetSettings, environment_checks, spool_folder
 from racky.commands import register_racky_commands
 from racky.config import RackyConfig, ShelfPoints, state_path
 from racky.core.agent_settings import AgentCommand
 from racky.core.alarmbank import kind_of_def
 from racky.core.controller import RackyCore
 from racky.core.discovery import DiscoveryPlan
+from racky.core.linkrate import RateDesign
+from racky.core.links import rate_design
 from racky.core.thermal import CoolingReading
 from racky.core.validation import ValidationResult
-from racky.persist import StateStore
+from racky.fleet import FleetLink
+from racky.pair import agent_epoch, apply_sync_state, sync_state
+from racky.persist import LEGACY_STATE_FILE, StateStore, lifecycle_state_file
 from racky.report import write_report
 from racky.tick import RackyTick, TickEffects
 
@@ -113,10 +128,13 @@ def load_racky_config(path: str | os.PathLike[str] | None) -> RackyConfig:
     if problems:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems),
                           problems=problems)
-    check_environment(environment_checks(cfg.mqtt, cfg.tsdb))
-    check_writable_dir("spool.directory", effective_spool(cfg.spool).directory)
-    check_spool_config("spool.directory", effective_spool(cfg.spool).directory)
-    check_writable_dir("lifecycle.state_file", state_path(cfg.lifecycle.state_file).parent)
+    check_environment({**environment_checks(cfg.mqtt, cfg.tsdb),
+                       **cfg.leadership.environment_checks(),
+                       **(cfg.fleet.password_env_check("fleet") if cfg.fleet.enabled else {})})
+    spool_dir = spool_folder(cfg.spool, daemon="racky", identity=cfg.identity)
+    check_writable_dir("spool.directory", spool_dir)
+    check_spool_config("spool.directory", spool_dir)
+    check_writable_dir("lifecycle.state_file", lifecycle_state_file(cfg).parent)
     check_writable_dir("validation.report_dir", state_path(cfg.validation.report_dir))
     return cfg
 
@@ -142,6 +160,28 @@ class Racky(DaemonFrame[RackyConfig]):
 
     daemon = DAEMON
 
+    def _state_file(self) -> Path:
+        """`lifecycle_state_file`; on the default per-rack name, a state file left under the
+        old shared default name (``racky-state.json``) beside it and no per-rack one yet is
+        taken over (renamed) and logged, so an upgrade keeps its lifecycle and the trays
+        safety requests powered off."""
+        path = lifecycle_state_file(self.cfg)
+        if self.cfg.lifecycle.state_file is not None:
+            return path
+        legacy = path.with_name(LEGACY_STATE_FILE.name)
+        if legacy.exists() and not path.exists():
+            try:
+                os.replace(legacy, path)
+            except OSError as err:
+                self.log.error("state_file_legacy_left", legacy=str(legacy), path=str(path),
+                               error=str(err), fix="rename it, or set lifecycle.state_file")
+            else:
+                self.log.warning(
+                    "state_file_legacy_adopted", legacy=str(legacy), path=str(path),
+                    note="the state file is one per rack now; if another racky ran from "
+                    "this folder, check the lifecycle state (get_state) is this rack's")
+        return path
+
     def __init__(
         self,
         cfg: RackyConfig,
@@ -149,8 +189,7 @@ class Racky(DaemonFrame[RackyConfig]):
     ):
         super().__init__(cfg, **options)
         clock = self.clock
-        self.store = StateStore(state_path(cfg.lifecycle.state_file),
-                                cfg.lifecycle.initial_state)
+        self.store = StateStore(self._state_file(), cfg.lifecycle.initial_state)
         persisted = self.store.load(clock.wall_ns())
         for note in persisted.notes:
             self.log.error("state_file_unusable", note=note,
@@ -160,12 +199,19 @@ class Racky(DaemonFrame[RackyConfig]):
         # The telemetry path's alarms (issue 7) are the daemon's, not the pure core's: fed
         # from the writer's stats in the tick.
         self.core.bank.add_kinds(kind_of_def(d) for d in TELEMETRY_ALARMS)
-        # node-agent contract v1: racky's epoch is its start (ms since the Unix epoch): agents
-        # drop commands of an older racky
-        self.racky_tick = RackyTick(cfg, self.core, self._started,
-                                   agent_epoch=clock.wall_ns() // 1_000_000)
+        # node-agent contract v1: racky's epoch is its start (ms since the Unix epoch; one of
+        # a pair: 2**62 + its lease epoch, racky.pair): agents drop commands of an older one
+        self._start_ms = clock.wall_ns() // 1_000_000  # wall-clock: the epoch, not timing
+        ls = self.leadership_settings()
+        self.racky_tick = RackyTick(
+            cfg, self.core, self._started, agent_epoch=agent_epoch(self._start_ms, 0),
+            request_prefix="racky" if ls is None else f"racky-{ls.instance}")
+        self.racky_tick.sending = ls is None  # one of a pair: once active
+        self._sync_refused: str | None = None
         self.latest: dict[str, dict[str, Sample]] = self.racky_tick.latest
         self.devices: dict[str, ModbusDevice] = {}
+        # shelves behind one gateway (same host:port) share one connection (issue 14 item 5)
+        self.links = ModbusLinks()
         for s in cfg.power_shelves:
             self._add_device(s)
         self.plan: DiscoveryPlan | None = None
@@ -198,7 +244,17 @@ class Racky(DaemonFrame[RackyConfig]):
         self.agent_stats = self.racky_tick.agent_stats
         self._send_failing = False
         self._bg: set[asyncio.Task[Any]] = set()
+        #: learned-rate threshold grids handed to the worker thread (`_prepare_grids`; a few
+        #: keys per process: the per-port design and one pooled design per part size)
+        self._grids_tried: set[tuple[Any, ...]] = set()
+        self._grid_thread: threading.Thread | None = None
         self.reports: list[Path] = []
+        #: fleet mode (issue 16, ``[fleet] enabled``): rlc's budget lease (`racky.fleet`)
+        self.fleet: FleetLink | None = None
+        if cfg.fleet.enabled:
+            self.fleet = FleetLink(cfg.fleet, cfg.identity.site, cfg.identity.rack,
+                                   clock=clock)
+            self.core.fleet_budget_w = self.fleet.dc_budget_w()
 
     @classmethod
     def load_config(cls, path: str | os.PathLike[str]) -> RackyConfig:
@@ -213,7 +269,11 @@ class Racky(DaemonFrame[RackyConfig]):
         def collect(samples: list[Sample], name: str = s.name) -> None:
             self.racky_tick.shelf_samples(name, samples)
 
-        dev = ModbusDevice(s, clock=self.clock, on_samples=collect)
+        link = self.links.get(s)
+        old = self.devices.get(s.name)
+        if old is not None:  # restarted after discovery found it again
+            link.leave(old)
+        dev = ModbusDevice(s, clock=self.clock, on_samples=collect, link=link)
         self.devices[s.name] = dev
         return dev
 
@@ -231,8 +291,11 @@ class Racky(DaemonFrame[RackyConfig]):
         return self.racky_tick.cooling_reading()
 
     def _apply(self, eff: TickEffects) -> None:
-        """Apply a tick's effects: logs, agent commands (queued), alarms, states, lines."""
+        """Apply a tick's effects: logs, agent commands (queued), alarms, states, lines (a
+        pair's standby: logs only; its commands were withheld by the tick)."""
         self.log_records(eff.logs)
+        if not self.is_active:
+            return
         for c in eff.agent_commands:
             try:
                 task = asyncio.get_running_loop().create_task(
@@ -275,13 +338,82 @@ class Racky(DaemonFrame[RackyConfig]):
         """The 1 Hz tick (the frame adds self-metrics, the watchdog and READY):
         `RackyTick.step`, its effects applied, state saves and reports spawned."""
         wall = self.clock.wall_ns()
+        if self.role is not None:
+            self._pair_epoch()
+        if self.fleet is not None:
+            self.core.fleet_budget_w = self.fleet.dc_budget_w()
+        self.core.judge_epoch = self.controller_epoch  # a campaign result's judge epoch
         eff = self.racky_tick.step(now, wall, telemetry_alarm_conditions(self.writer.stats))
-        self.leases.tick(now, {})  # racky's safety acts through SAFETY_VERBS, not leases
+        if self.fleet is not None and self.is_active:  # a standby reports nothing to rlc
+            self.fleet.observe_core(self.core)
+        if self.is_active:
+            self.leases.tick(now, {})  # racky's safety acts through SAFETY_VERBS, not leases
+        else:  # a pair's standby: the same lease rules, nothing published (the active's)
+            self.leases.table.expire(now)
+            self.leases.table.drain_events()
         self._apply(eff)
+        self._prepare_grids()
         if eff.save_state:
             self._spawn(self._save_state())
-        if eff.validation_result is not None:
+        if eff.validation_result is not None and self.is_active:
             self._spawn(self._write_report(eff.validation_result, wall))
+
+    # --- one of a pair (racky.pair) --------------------------------------------------------
+
+    def _pair_epoch(self) -> None:
+        """One of a pair, each tick: commands go out only while active, with the epoch of
+        this tenure; a new tenure forgets what was sent (the shadow's or an earlier
+        tenure's), so this tick sends every tray its settings with the new epoch."""
+        rt = self.racky_tick
+        rt.sending = self.is_active and self.controller_epoch > 0
+        if not rt.sending:
+            return
+        epoch = agent_epoch(self._start_ms, self.controller_epoch)
+        if epoch != rt.agent_epoch:
+            rt.agent_epoch = epoch
+            self.core.last_sent = [None] * self.core.n_trays
+            self.log.warning("agent_epoch", epoch=epoch, lease_epoch=self.controller_epoch,
+                             note="every tray gets its settings with this epoch now")
+
+    def sync_state(self) -> dict[str, Any]:
+        """racky's part of the pair's sync record (`racky.pair.sync_state`)."""
+        return sync_state(self.core, self.clock.monotonic())
+
+    def apply_sync_state(self, state: Mapping[str, Any], now: float) -> None:
+        """The standby follows the active (`racky.pair.apply_sync_state`); a record that does
+        not parse is logged once per problem and skipped."""
+        try:
+            changed = apply_sync_state(self.core, state, now)
+        except ValueError as err:
+            if self._sync_refused != str(err):
+                self._sync_refused = str(err)
+                self.log.error("pair_sync_state_refused", error=str(err))
+            return
+        self._sync_refused = None
+        if changed:
+            self.log.info("pair_sync_applied", changed=changed,
+                          budget_w=self.core.budget_w,
+                          lifecycle=self.core.persisted.lifecycle.state)
+
+    def pair_state(self) -> dict[str, Any]:
+        """The frame's ``state/pair_<instance>``, plus ``agent_epoch`` (the epoch racky's
+        commands carry now; 0 while standby) and ``withheld_commands`` (agent commands the
+        shadow core decided while standby)."""
+        rt = self.racky_tick
+        return {**super().pair_state(), "agent_epoch": rt.agent_epoch if rt.sending else 0,
+                "withheld_commands": rt.withheld_commands}
+
+    def on_role_change(self, active: bool) -> None:
+        """Became active: the shadow core's retained alarms and the rack's state are published
+        now (the frame's reconciliation then clears what the old active left and this one does
+        not hold)."""
+        super().on_role_change(active)
+        self._pair_epoch()
+        if active:
+            wall = self.clock.wall_ns()
+            for a in self.core.bank.active():
+                self.mqtt.publish_alarm(a.id, alarm_payload(a, wall))
+            self._publish_state(wall)
 
     def pv_age_s(self, now: float) -> float | None:
         """Age of the rack power racky controls on, s: per shelf its newest sample, the
@@ -292,6 +424,9 @@ class Racky(DaemonFrame[RackyConfig]):
     def modbus_devices(self) -> Sequence[ModbusDevice]:
         return tuple(self.devices.values())
 
+    def input_invalid_samples(self) -> int:
+        return self.racky_tick.ingest.errors + self.racky_tick.invalid_inputs
+
     def ready_status(self) -> tuple[str, Mapping[str, Any]]:
         return "racky running", {"shelves": len(self.devices),
                                  "lifecycle": self.core.persisted.lifecycle.state}
@@ -301,6 +436,45 @@ class Racky(DaemonFrame[RackyConfig]):
         task = asyncio.get_running_loop().create_task(coro)
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
+
+    def _prepare_grids(self) -> None:
+        """Each tick: the first learned-rate design whose threshold grid is not computed yet
+        (the per-port design from the config from the first tick, then the parts' pooled one
+        once the trays' layout is known) is computed in a worker thread, one at a time, each
+        design once. Measured on a 2-core host before the chain's solve was reworked
+        (`racky.core.arlchain`): 1.9 s for the per-port grid, 26.5 s for the pooled one of 18
+        trays (its rates reach 72 ports' worth); in the tick these held the event loop (issue
+        15). Now ~0.5 s and ~2.6 s of one core (scripts/bench_rate_grids.py; a threshold
+        solved per grid point since, ~3x the one chain per point before), still off the
+        loop. The thread is a daemon thread, not the default executor's: a stop never waits for
+        it (asyncio's shutdown joins executor threads, and a grid may take longer than the
+        unit's TimeoutStopSec on a loaded host). The core needs a grid only once a link or part
+        is armed (a restored baseline, or ``baseline_min_min`` of learning); if that comes
+        first, the tick computes it itself too, with the same result. A design the
+        trays' layout replaced while its grid was computed is computed all the same (wasted,
+        not wrong); the layout settles as the first telemetry of every tray arrives, before the
+        per-port grid is done."""
+        if self._grid_thread is not None and self._grid_thread.is_alive():
+            return
+        links = self.core.links
+        designs = (links.rate_designs() if links is not None
+                   else [rate_design(self.cfg.links)] if self.cfg.links.enabled else [])
+        for d in designs:
+            if d.grid_ready or d.grid_key in self._grids_tried:
+                continue
+            self._grids_tried.add(d.grid_key)
+            self._grid_thread = threading.Thread(target=self._prepare_grid, args=(d,),
+                                                 name="racky-rate-grid", daemon=True)
+            self._grid_thread.start()
+            return
+
+    def _prepare_grid(self, design: RateDesign) -> None:
+        """In the worker thread: one grid; a failure is logged and not retried here (the
+        tick computes the grid when it needs it, and fails there as it would have)."""
+        try:
+            design.prepare_grid()
+        except (ValueError, ArithmeticError) as err:
+            self.log.error("link_grid_failed", error=repr(err), grid_key=list(design.grid_key))
 
     async def _save_state(self) -> None:
         try:
@@ -348,6 +522,7 @@ class Racky(DaemonFrame[RackyConfig]):
             "spool": {"spooled_lines": w.spooled, "sent_lines": w.sent,
                       "depth_lines": w.depth_lines, "dropped_lines": w.dropped},
             "self": self.selfmetrics.status(),
+            **({"pair": self.pair_state()} if self.role is not None else {}),
         }
 
     # --- discovery ----------------------------------------------------------------------
@@ -383,13 +558,17 @@ class Racky(DaemonFrame[RackyConfig]):
             await asyncio.sleep(1.0)
 
     async def _probe(self, unit: int, regmap: RegisterMap) -> bool:
-        dev = ModbusDevice(shelf_target(self.cfg, unit), regmap, clock=self.clock,
-                           on_samples=lambda s: None)
+        target = shelf_target(self.cfg, unit)
+        link = self.links.get(target)  # through the gateway connection the shelves use
+        dev = ModbusDevice(target, regmap, clock=self.clock, on_samples=lambda s: None,
+                           link=link)
         try:
             samples = await asyncio.wait_for(dev.read_once(), self.cfg.discovery.timeout_s * 4)
         except Exception as err:  # a probe failing is the normal case (no such unit)
             self.log.debug("probe_failed", unit=unit, error=repr(err))
             return False
+        finally:
+            link.leave(dev)
         return any(s.usable for s in samples)
 
     def _start_device(self, s: ModbusTargetSettings) -> None:
@@ -411,6 +590,8 @@ class Racky(DaemonFrame[RackyConfig]):
         tasks = [OwnerTask(f"modbus:{name}", d.run) for name, d in self.devices.items()]
         if self.plan is not None:
             tasks.append(OwnerTask("discovery", self._discovery))
+        if self.fleet is not None:
+            tasks.append(OwnerTask("fleet", self.fleet.run))
         return tasks
 
     @property
@@ -439,7 +620,8 @@ class Racky(DaemonFrame[RackyConfig]):
             await asyncio.wait(list(self._bg), timeout=self.cfg.control.stop_budget_s)
 
     def publish_final_state(self) -> None:
-        self._publish_state(self.clock.wall_ns())
+        if self.is_active:
+            self._publish_state(self.clock.wall_ns())
 
     def final_counts(self) -> Mapping[str, Any]:
         return {"agent_commands": self.agent_stats}

@@ -17,7 +17,8 @@ from rackplane.daemon_cli import DaemonCli, daemon_app
 from rackplane.errors import ModbusError
 from rackplane.io.modbus import ModbusDevice
 from racky.app import Racky, load_racky_config, shelf_target
-from racky.config import RackyConfig, state_path
+from racky.config import RackyConfig, config_warnings
+from racky.persist import lifecycle_state_file
 
 
 def _load(config: Path | None) -> RackyConfig:
@@ -27,7 +28,7 @@ def _load(config: Path | None) -> RackyConfig:
         ConfigError: naming the key path.
     """
     cfg = load_racky_config(config)
-    check_state_file_dir("lifecycle.state_file", state_path(cfg.lifecycle.state_file))
+    check_state_file_dir("lifecycle.state_file", lifecycle_state_file(cfg))
     return cfg
 
 
@@ -38,7 +39,7 @@ def _summary(cfg: RackyConfig, config: Path | None) -> str:
         f"shelves; discovery {'on' if cfg.discovery.enabled else 'off'}; node agents "
         f"'{a.daemon}' ({a.trays} trays x {a.gpus_per_tray} GPUs); budget "
         f"{'none' if cfg.power.budget_w is None else f'{cfg.power.budget_w:g} W'}; state file "
-        f"{state_path(cfg.lifecycle.state_file)}; broker {cfg.mqtt.host}:{cfg.mqtt.port}; "
+        f"{lifecycle_state_file(cfg)}; broker {cfg.mqtt.host}:{cfg.mqtt.port}; "
         f"tsdb {cfg.tsdb.url or 'embedded spool'}"
     )
 
@@ -96,6 +97,7 @@ app = daemon_app(DaemonCli(
     dry_connect=_dry_connect,
     dry_connect_help="read every power shelf once (and probe the discovery range), print it, "
                      "and exit",
+    warnings=config_warnings,
     build=lambda cfg, config: Racky(cfg, config_path=config),
 ))
 

@@ -14,9 +14,10 @@ cap_rack              automation  {power_w, reason, ttl_s}                  dera
 release_cap           automation  {reason}                                  the user's cap
 power_up_trays        operator    {trays, reason}                           sequenced
 power_up_rack         operator    {reason}                                  sequenced
-set_budget            operator    {power_w | null, reason}                  persisted
-set_lifecycle         operator    {state, reason}                           gated
-start_validation      operator    {stage, trays?, load_s?, backend_s?}
+set_budget            operator    {power_w | null, reason}                persisted, <= fleet grant
+set_lifecycle         operator    {state, reason, evidence?}                gated (fleet: rlc)
+start_validation      operator    {stage, trays?, load_s?, backend_s?,      run_id: idempotent
+                                   run_id?}
 abort_validation      operator    {reason}
 ack_alarm             operator    {alarm_id}
 shelve_alarm          operator    {alarm_id, duration_s}
@@ -50,23 +51,31 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, Field
 
 from rackplane.commands import (
+    ArgBound,
     CommandArgs,
     CommandContext,
     CommandRouter,
     DaemonContract,
     NoArgs,
+    VerbBounds,
+    json_limits,
+    register_bounded,
 )
 from rackplane.config import StrictModel
+from rackplane.core import names
 from rackplane.core.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
+from rackplane.errors import CommandError
 from rackplane.log import get_logger
 from rackplane.settings import Role
 from racky.core.agent_settings import AgentCommand
+from racky.core.campaign_gate import RUN_ID_PATTERN
 from racky.core.controller import RackyCore
+from racky.fleet_settings import BEYOND_GRANT
 
-__all__ = ["SAFETY_VERBS", "LeaseCheck", "racky_contract", "racky_verb_args",
-           "register_racky_commands"]
+__all__ = ["SAFETY_VERBS", "LeaseCheck", "racky_arg_bounds", "racky_contract",
+           "racky_verb_args", "register_racky_commands"]
 
-ALARM_ID_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+ALARM_ID_PATTERN = names.ALARM_ID_PATTERN  # rackplane.core.alarms AlarmDef.id
 SAFETY_VERBS = frozenset({"power_down_trays", "power_down_rack"})
 
 Reason = Field(max_length=200, description="why (logged, audited, shown in the state)")
@@ -88,9 +97,11 @@ class ReasonArgs(CommandArgs):
 class CapRackArgs(CommandArgs):
     """``cap_rack``: cap the rack at ``power_w`` for ``ttl_s`` (re-send to renew)."""
 
-    power_w: float = Field(gt=0, allow_inf_nan=False, description="rack cap, W")
+    power_w: float = Field(allow_inf_nan=False, description="rack cap, W, within "
+                           "[node_agents.non_tray_power_w, power.rack_capacity_w]")
     reason: str = Reason
-    ttl_s: float = Field(gt=0, le=3600, allow_inf_nan=False, description="expiry, s")
+    ttl_s: float = Field(allow_inf_nan=False, description="expiry, s",
+                         json_schema_extra=json_limits(1.0, 3600.0))
 
 
 class TrayCapArgs(CommandArgs):
@@ -100,8 +111,10 @@ class TrayCapArgs(CommandArgs):
     within the agents' lowest tray cap and a tray's largest draw (``out_of_range``)."""
 
     trays: list[int] = Field(min_length=1, max_length=64, description="0-based tray indices")
-    power_w: float = Field(gt=0, allow_inf_nan=False, description="per-tray cap, W")
-    ttl_s: float = Field(gt=0, le=86_400, allow_inf_nan=False, description="expiry, s")
+    power_w: float = Field(allow_inf_nan=False, description="per-tray cap, W, within the "
+                           "agents' lowest tray cap .. a tray's largest draw")
+    ttl_s: float = Field(allow_inf_nan=False, description="expiry, s",
+                         json_schema_extra=json_limits(1.0, 86_400.0))
     reason: str = Reason
 
 
@@ -110,22 +123,43 @@ class CycleTraysArgs(CommandArgs):
     inrush limit) after ``off_s`` (not a safety power-down: not persisted)."""
 
     trays: list[int] = Field(min_length=1, max_length=64, description="0-based tray indices")
-    off_s: float = Field(10.0, ge=1, le=600, allow_inf_nan=False, description="time off, s")
+    off_s: float = Field(10.0, allow_inf_nan=False, description="time off, s",
+                         json_schema_extra=json_limits(1.0, 600.0))
     reason: str = Reason
 
 
 class SetBudgetArgs(CommandArgs):
-    """``set_budget``: the rack budget in W (null: back to the config's)."""
+    """``set_budget``: the rack budget in W (null: back to the config's), within the rack's
+    floor (every tray at its lowest cap plus the power outside the trays) and
+    ``power.rack_capacity_w`` (``out_of_range``)."""
 
-    power_w: float | None = Field(gt=0, allow_inf_nan=False, description="W, or null")
+    power_w: float | None = Field(allow_inf_nan=False, description="W, or null")
     reason: str = Reason
+
+
+class PassRef(StrictModel):
+    """One stage's pass in a production order's evidence: the run and its judge's epoch."""
+
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    judge_epoch: int = Field(ge=0, le=2**63 - 1)
+
+
+class Evidence(StrictModel):
+    """A campaign's passes behind a production order (racky/core/campaign_gate.py)."""
+
+    campaign: str = Field(max_length=80)
+    passes: dict[str, PassRef] = Field(max_length=16, description="stage -> its pass")
 
 
 class SetLifecycleArgs(CommandArgs):
-    """``set_lifecycle``: production <-> maintenance, quarantine (racky/lifecycle.py)."""
+    """``set_lifecycle``: production <-> maintenance, quarantine (racky/lifecycle.py). In
+    fleet mode production only from rlc with ``evidence`` (racky/core/campaign_gate.py:
+    ``production_gated``, ``evidence_refused``)."""
 
     state: Literal["provisioning", "validating", "production", "maintenance", "quarantined"]
     reason: str = Reason
+    evidence: Evidence | None = Field(None, description="fleet mode, production: the "
+                                      "campaign's passes (rlc)")
 
 
 class StartValidationArgs(CommandArgs):
@@ -133,8 +167,13 @@ class StartValidationArgs(CommandArgs):
 
     stage: Literal["node", "rack", "multi-rack"]
     trays: list[int] | None = Field(None, max_length=64, description="node stage: trays")
-    load_s: float | None = Field(None, gt=0, le=86_400, allow_inf_nan=False)
-    backend_s: float | None = Field(None, ge=0, le=86_400, allow_inf_nan=False)
+    load_s: float | None = Field(None, allow_inf_nan=False, description="s; default "
+                                 "validation.load_s", json_schema_extra=json_limits(1.0, 86_400.0))
+    backend_s: float | None = Field(None, allow_inf_nan=False, description="s; default "
+                                    "validation.backend_s",
+                                    json_schema_extra=json_limits(0.0, 86_400.0))
+    run_id: str | None = Field(None, pattern=RUN_ID_PATTERN, description="a campaign's run "
+                               "(rlc): the same id again is answered, never started twice")
 
 
 class AckAlarmArgs(CommandArgs):
@@ -147,7 +186,8 @@ class ShelveAlarmArgs(CommandArgs):
     """``shelve_alarm`` for ``duration_s`` (60 s to 8 h, ISA-18.2 time-limited shelving)."""
 
     alarm_id: str = Field(pattern=ALARM_ID_PATTERN)
-    duration_s: float = Field(ge=60, le=DEFAULT_MAX_SHELVE_S, allow_inf_nan=False)
+    duration_s: float = Field(allow_inf_nan=False,
+                              json_schema_extra=json_limits(60.0, DEFAULT_MAX_SHELVE_S))
 
 
 class RackPowerState(StrictModel):
@@ -189,6 +229,8 @@ class RackState(BaseModel):
         default_factory=list, description="trays in a power cycle: {tray, on_in_s}")
     validation: dict[str, Any] | None
     last_validation: dict[str, Any] | None
+    judge_epoch: int = Field(0, description="racky's leadership epoch (0: single): the "
+                             "epoch its validation results carry (rlc's gate)")
     cap_reasserts: int
     blast_radius_used: int
     alarms: list[str]
@@ -320,6 +362,10 @@ def register_racky_commands(
 
     def set_budget(a: SetBudgetArgs, ctx: CommandContext) -> dict[str, Any]:
         check("rack_budget", ctx)
+        grant = core.fleet_budget_w
+        if grant is not None and a.power_w is not None and a.power_w > grant:
+            raise CommandError(BEYOND_GRANT, f"set_budget {a.power_w:g} W is above this "
+                               f"rack's fleet grant {grant:g} W: change budgets through rlc")
         before = core.budget_w
         core.set_budget(a.power_w)
         return reply({"changed": {"budget_w": {"from": before, "to": core.budget_w}}})
@@ -327,17 +373,27 @@ def register_racky_commands(
     def set_lifecycle(a: SetLifecycleArgs, ctx: CommandContext) -> dict[str, Any]:
         check("lifecycle", ctx)
         before = core.persisted.lifecycle.state
-        core.set_lifecycle(a.state, a.reason, ctx.user, ctx.wall_ns)
+        core.set_lifecycle(a.state, a.reason, ctx.user, ctx.wall_ns,
+                           None if a.evidence is None else a.evidence.model_dump())
         after = core.persisted.lifecycle.state
         changed = {} if before == after else {"lifecycle": {"from": before, "to": after}}
         return reply({"changed": changed})
 
     def start_validation(a: StartValidationArgs, ctx: CommandContext) -> dict[str, Any]:
         check("lifecycle", ctx)
+        if a.run_id is not None:  # a campaign's run re-issued: answered, never run twice
+            v = core.validation
+            if v is not None and v.run_id == a.run_id:
+                return reply({"validation": {"stage": v.stage, "duration_s": v.duration_s,
+                                             "run_id": v.run_id, "again": True}})
+            done = [j for j in core.persisted.judged_runs if j.run_id == a.run_id]
+            if done:
+                return reply({"judged": done[-1].as_json()})
         run = core.start_validation(a.stage, now_mono(ctx), ctx.wall_ns, ctx.user, a.trays,
-                                    a.load_s, a.backend_s)
+                                    a.load_s, a.backend_s, a.run_id)
         return reply({"validation": {"stage": run.stage, "duration_s": run.duration_s,
-                                     "phases": [list(p) for p in run.phases]}})
+                                     "phases": [list(p) for p in run.phases],
+                                     "run_id": run.run_id}})
 
     def abort_validation(a: ReasonArgs, ctx: CommandContext) -> dict[str, Any]:
         check("lifecycle", ctx)
@@ -386,5 +442,66 @@ def register_racky_commands(
         "set_tray_cap": set_tray_cap, "clear_tray_cap": clear_tray_cap,
         "cycle_trays": cycle_trays,
     }
+    bounds = racky_arg_bounds(core)
     for verb, (model, role) in _VERBS.items():
-        router.register(verb, model, handlers[verb], role=role)
+        register_bounded(router, verb, model, handlers[verb], role, bounds.get(verb, {}))
+
+
+SHELVE_MIN_S = 60.0
+"""Shortest shelve, s (a shorter one is a mis-typed unit more often than a need)."""
+
+
+def racky_arg_bounds(core: RackyCore) -> dict[str, VerbBounds]:
+    """verb -> field -> bound provider: every numeric argument of racky's verbs (issue 14
+    item 2), read from the core's config (and its measured non-GPU share) at each command.
+
+    ``set_budget``: the rack's floor .. ``power.rack_capacity_w``. ``cap_rack`` (a derating
+    request) may go below the floor, when cooling cannot carry even that the trays go to
+    their minimum and ``budget_infeasible`` alarms, but not below the power outside the
+    trays (no rack power at all: a unit mistake). Tray caps: the agents' lowest tray cap ..
+    a tray's largest draw. Tray indices: ``unknown_tray`` outside the rack."""
+    def floor_w() -> float:
+        return core.n_trays * core.alloc.tray_min_w + core.cfg.node_agents.non_tray_power_w
+
+    def budget() -> ArgBound:
+        return ArgBound(floor_w(), core.cfg.power.rack_capacity_w, "W",
+                        "the rack's floor: trays × lowest tray cap + "
+                        "node_agents.non_tray_power_w .. power.rack_capacity_w")
+
+    def rack_cap() -> ArgBound:
+        return ArgBound(core.cfg.node_agents.non_tray_power_w, core.cfg.power.rack_capacity_w,
+                        "W", "node_agents.non_tray_power_w .. power.rack_capacity_w")
+
+    def tray_cap() -> ArgBound:
+        return ArgBound(core.alloc.tray_min_w, core.alloc.tray_max_w, "W",
+                        "the agents' lowest tray cap (node_agents.gpu_min_power_limit_w) .. a "
+                        "tray's largest draw (node_agents.gpu_tgp_w)")
+
+    def trays() -> ArgBound:
+        return ArgBound(0, core.n_trays - 1, "", "tray indices 0 .. node_agents.trays − 1",
+                        code="unknown_tray")
+
+    def const(lo: float, hi: float, source: str, *, lo_open: bool = False
+              ) -> Callable[[], ArgBound]:
+        b = ArgBound(lo, hi, "s", source, lo_open=lo_open)
+        return lambda: b
+
+    day = 86_400.0
+    return {
+        "power_down_trays": {"trays": trays},
+        "power_up_trays": {"trays": trays},
+        "clear_tray_cap": {"trays": trays},
+        "cap_rack": {"power_w": rack_cap,
+                     "ttl_s": const(1.0, 3600.0, "a derating request lives 1 s .. 1 h "
+                                    "(valvey renews it every ttl_s / 3)")},
+        "set_budget": {"power_w": budget},
+        "start_validation": {"trays": trays,
+                             "load_s": const(1.0, day, "a validation phase: 1 s .. 1 day"),
+                             "backend_s": const(0.0, day, "a validation phase: 0 .. 1 day")},
+        "shelve_alarm": {"duration_s": const(SHELVE_MIN_S, DEFAULT_MAX_SHELVE_S,
+                                             "ISA-18.2 time-limited shelving: 60 s .. 8 h")},
+        "set_tray_cap": {"trays": trays, "power_w": tray_cap,
+                         "ttl_s": const(1.0, day, "a node cap override: 1 s .. 1 day")},
+        "cycle_trays": {"trays": trays,
+                        "off_s": const(1.0, 600.0, "a power cycle's off time: 1 s .. 10 min")},
+    }

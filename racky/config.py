@@ -20,23 +20,29 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rackplane.config import StrictModel
+from rackplane.config_plausibility import Plausible, plausibility_warnings
+from rackplane.core.names import TOPIC_LEVEL_PATTERN, check_topic_levels
+from rackplane.core.plausibility import PlausibilityWindow, merge_windows
+from rackplane.leadership_settings import LeadershipSettings
 from rackplane.paths import in_state_directory
 from rackplane.settings import (
     CommandSettings,
     DaemonSettings,
     ModbusTargetSettings,
+    TopicLevel,
     resolve_path,
 )
+from racky.core.campaign_gate import CampaignGateSettings
+from racky.fleet_settings import FleetSettings, check_fleet, fleet_warnings
+from racky.link_settings import LinkSettings, TrafficSettings
 
 __all__ = [
     "LIFECYCLE_STATES",
-    "MAX_RATE_64BIT_PER_S",
     "BlastRadiusSettings",
     "CoolingSettings",
     "DerateSettings",
     "DiscoverySettings",
     "LifecycleSettings",
-    "LinkSettings",
     "NodeAgentsSettings",
     "PowerSettings",
     "RackyConfig",
@@ -44,15 +50,15 @@ __all__ = [
     "SequencingSettings",
     "ShelfPoints",
     "ThermalSettings",
-    "TrafficSettings",
     "ValidationSettings",
+    "config_warnings",
     "state_path",
 ]
 
 LIFECYCLE_STATES = ("provisioning", "validating", "production", "maintenance", "quarantined")
 LifecycleState = Literal["provisioning", "validating", "production", "maintenance", "quarantined"]
 
-_THING_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+_THING_RE = re.compile(TOPIC_LEVEL_PATTERN)
 
 
 class RackyControl(StrictModel):
@@ -136,7 +142,7 @@ class DiscoverySettings(StrictModel):
     def _range(self) -> DiscoverySettings:
         if self.unit_id_last < self.unit_id_first:
             raise ValueError("unit_id_last must be >= unit_id_first")
-        if not _THING_RE.match(self.name_prefix + "0"):
+        if not _THING_RE.fullmatch(self.name_prefix + "0"):
             raise ValueError("name_prefix must be topic/tag safe")
         return self
 
@@ -145,12 +151,12 @@ class NodeAgentsSettings(StrictModel):
     """The node agents racky caps (the simulator's, docs/SIMULATORS.md §5; on real hardware
     tray BMC / NVML agents behind the same contract)."""
 
-    daemon: str = Field(
+    daemon: TopicLevel = Field(
         "sim", description="topic level of the agents: commands go to "
         "<root>/<site>/<rack>/<daemon>/cmd/<user>/set_power_limits, telemetry comes from "
         "<...>/<daemon>/telemetry/trayNN"
     )
-    user: str | None = Field(
+    user: TopicLevel | None = Field(
         None, description="the <user> topic level of racky's commands (the broker username); "
         "default mqtt.username, else 'racky'"
     )
@@ -179,13 +185,14 @@ class NodeAgentsSettings(StrictModel):
     @field_validator("daemon", "tray_thing_prefix")
     @classmethod
     def _level(cls, v: str) -> str:
-        if not _THING_RE.match(v):
-            raise ValueError("must be one topic level of letters, digits, '_', '.', ':', '-'")
+        if not _THING_RE.fullmatch(v):
+            raise ValueError("must be one topic level of letters, digits, '_', ':', '-'")
         return v
 
 
 class DerateSettings(StrictModel):
-    """Rack power derating on warm facility water (REFERENCE §4.4, §5 S9)."""
+    """Rack power derating on warm facility water (REFERENCE §4.4, §5 S9): P_max(T_fws) from
+    the exchanger valvey measures (``measured``), the nominal ``table`` until it has."""
 
     enabled: bool = True
     table: list[tuple[float, float]] = Field(
@@ -194,6 +201,10 @@ class DerateSettings(StrictModel):
         description="P_max(T_fws): [facility water °C, rack W] pairs, linear between (REF §4.4 "
         "[D]: ≈ 52 kW less per K at 45 °C supply; 208/156/104/52 kW at 41/42/43/44 °C)",
     )
+    measured: bool = Field(
+        True, description="use the cooling capacity valvey measures (its state's "
+        "capacity_w_per_k: P_max = capacity_w_per_k × (setpoint − facility water)) in place of "
+        "the table; the table stays the cold prior until valvey has measured (issue 21)")
     margin_k: float = Field(0.1, ge=0, le=5, description="derate as if the water were this "
                             "much warmer (the valve needs some authority left)")
     release_hysteresis_k: float = Field(
@@ -247,6 +258,12 @@ class PowerSettings(StrictModel):
         None, gt=0, description="rack power budget, W (measured rack power, shelf DC output); "
         "None: no budget capping (capacity, derate and requested caps still apply)"
     )
+    rack_capacity_w: float = Field(
+        264_000.0, gt=0, le=2_000_000.0, description="the rack's feed / power-shelf nameplate "
+        "capacity, W: the ceiling of budget_w and of the set_budget and cap_rack commands, at "
+        "least the rack's floor and at most 2 MW (no rack feed comes near it) (REF §1.2: GB200 "
+        "reference rack 8 shelves × 6 PSUs × 5.5 kW = 264 kW nameplate [S])"
+    )
     budget_margin_pct: float = Field(1.0, ge=0, le=20, description="caps aim this far below "
                                      "the budget")
     classes: dict[str, int] = Field(
@@ -284,7 +301,7 @@ class PowerSettings(StrictModel):
         3.0, gt=0, le=120, description="a mismatch this old is re-asserted (once per period)"
     )
     drift_alarm_s: float = Field(15.0, gt=0, description="a mismatch this old raises "
-                                 "cap_drift.<tray>")
+                                 "cap_drift:<tray>")
     capacity_margin_pct: float = Field(
         2.0, ge=0, le=20, description="with redundancy gone and load above live capacity, cap "
         "to capacity less this (REF §5 S10)"
@@ -292,6 +309,16 @@ class PowerSettings(StrictModel):
     confirmed_low_w: float = Field(
         10_000.0, ge=0, description="rack power below this with the trays reported off = "
         "'power_confirmed_low' (valvey may then isolate the liquid, S6 c/d)"
+    )
+    drift_recur_count: int = Field(
+        3, ge=2, le=1000, description="this many re-asserted cap drifts of one tray within "
+        "drift_recur_window_s also raise cap_drift:<tray> (a cap another writer keeps "
+        "changing never drifts for drift_alarm_s), naming the commanded and held caps and the "
+        "likely cause"
+    )
+    drift_recur_window_s: float = Field(
+        600.0, gt=0, le=86_400, description="window of drift_recur_count, s; the alarm clears "
+        "when the window holds fewer"
     )
     derate: DerateSettings = DerateSettings()
     sequencing: SequencingSettings = SequencingSettings()
@@ -313,8 +340,8 @@ class CoolingSettings(StrictModel):
     """Where racky learns about cooling (valvey's state on MQTT) and what 'cooling is the
     cause' means."""
 
-    daemon: str = Field("valvey", description="topic level of the cooling daemon")
-    state_thing: str = Field("supply_loop", description="its retained state/<thing>")
+    daemon: TopicLevel = Field("valvey", description="topic level of the cooling daemon")
+    state_thing: TopicLevel = Field("supply_loop", description="its retained state/<thing>")
     plant_topic: str | None = Field(
         None, description="optional full topic with flow_lpm / facility_supply_temp_c when the "
         "cooling state lacks them (the simulator's <...>/sim/telemetry/plant)"
@@ -327,136 +354,12 @@ class CoolingSettings(StrictModel):
         None, gt=0, description="flow below this = cooling abnormal (None: not judged)"
     )
 
-
-MAX_RATE_64BIT_PER_S = 1e12
-"""Plausible-rate bound of a 64-bit counter with no ``counter_max_rate_per_s`` entry, per s:
-above any byte or error rate of an 800 Gb/s port (1e11 B/s), and 2^64 counts would take 200
-days at it, so a decrease of a 64-bit counter is a reset (counter cleared), never a wrap of
-2^64 − n counts (that would be a DCGM "any rise" failure and a CUSUM alarm from one bin)."""
-
-_COUNTER_RE = re.compile(r"^(8|16|32|64)/(wrap|saturate)$")
-
-
-def _default_counters() -> dict[str, str]:
-    return {
-        "nvl_crc_flit_errors": "64/wrap",
-        "nvl_crc_data_errors": "64/wrap",
-        "nvl_replay_errors": "64/wrap",
-        "nvl_recovery_errors": "64/wrap",
-        "symbol_error": "16/saturate",
-        "link_error_recovery": "8/saturate",
-        "link_downed": "8/saturate",
-        "port_rcv_errors": "16/saturate",
-        "carrier_changes": "32/wrap",
-        "rx_bytes": "64/wrap",
-        "tx_bytes": "64/wrap",
-    }
-
-
-class LinkSettings(StrictModel):
-    """Link health: counters, flapping, error rates, BER (REFERENCE §3.1-§3.3, §8)."""
-
-    enabled: bool = True
-    counters: dict[str, str] = Field(
-        default_factory=_default_counters,
-        description="counter name -> '<bits>/wrap' or '<bits>/saturate' (IBA PortCounters "
-        "saturate at 8/16 bits; Linux carrier_changes is 32-bit; NVLink counters 64-bit; "
-        "sims.fabric's table has the sources)",
-    )
-    counter_max_rate_per_s: dict[str, float] = Field(
-        default_factory=lambda: {"carrier_changes": 1000.0, "link_downed": 100.0},
-        description="largest plausible rate per counter: a decrease whose wrapped delta "
-        "exceeds rate × elapsed is a reset, not a wrap (FIELD-CASES BR-11)",
-    )
-    flap_events: Literal["link_downs", "transitions"] = Field(
-        "link_downs", description="what the flap rules count: link-downs (NVSentinel) or every "
-        "UP/DOWN transition (FIELD-CASES BR-13)"
-    )
-    flap_count: int = Field(3, ge=1, le=64, description="events within flap_window_s that "
-                            "declare flapping (NVSentinel: 3 link-downs in 10 min [S])")
-    flap_window_s: float = Field(600.0, gt=0)
-    flap_quiet_s: float = Field(600.0, ge=0, description="quiet time to clear, s")
-    flap_score: bool = Field(True, description="also run the decaying flap score")
-    flap_score_penalty: float = Field(1.0, gt=0)
-    flap_score_half_life_s: float = Field(1800.0, gt=0)
-    flap_score_raise_at: float = Field(4.0, gt=0)
-    flap_score_clear_below: float = Field(1.0, ge=0)
-    flap_score_hold_down_s: float = Field(900.0, ge=0)
-    port_drop_s: float = Field(240.0, gt=0, description="DOWN this long = 'port dropped' "
-                               "(NVSentinel: 4 min [S])")
-    zero_rate_counters: list[str] = Field(
-        default_factory=lambda: ["nvl_replay_errors", "nvl_recovery_errors",
-                                 "nvl_crc_data_errors", "link_error_recovery",
-                                 "port_rcv_errors"],
-        description="counters whose healthy rate is zero: any unexplained rise within "
-        "zero_rate_window_s fails (DCGM, REF §8 [S]); an NVLink recovery right after a link "
-        "came up is the retrain and belongs to the link incident",
-    )
-    zero_rate_window_s: float = Field(60.0, gt=0)
-    pre_fec_nvlink: str = Field("nvl_crc_flit_errors", description="pre-FEC counter, NVLink")
-    pre_fec_nic: str = Field("symbol_error", description="pre-FEC counter, NIC")
-    healthy_rate_per_min: float = Field(0.5, gt=0, description="in-control pre-FEC rate λ0 "
-                                        "(REF §3.3 [D])")
-    cusum_lambda1_per_min: float = Field(
-        1.5, gt=0, description="CUSUM design rate λ1 (k = (λ1−λ0)/ln(λ1/λ0) = 0.91/min); "
-        "docs/RACKY.md §S8 for the choice"
-    )
-    cusum_h: float = Field(17.0, gt=0, description="CUSUM decision interval: ARL0 ≈ 1,900 "
-                           "years per link (≈ 0.15 false alarms per 100,000 link-days)")
-    cusum_watch_h: float | None = Field(
-        8.0, gt=0, description="'watch' flag threshold (state only, no alarm): the early stage "
-        "of the two-stage watch → confirm design"
-    )
-    bin_s: float = Field(60.0, gt=0, description="count bin of the sequential test, s (REF "
-                         "§3.3: 1-minute bins)")
-    fast_rate_per_s: float = Field(
-        10.0, gt=0, description="pre-FEC rate above this for fast_rate_for_s fails at once "
-        "(NVSentinel symbol_error > 10/s [S])"
-    )
-    fast_rate_for_s: float = Field(5.0, ge=0)
-    ber_threshold: float = Field(1e-12, gt=0, description="pre-FEC BER limit (IBTA 1e-12, "
-                                 "REF §3.2 [S])")
-    ber_window_s: float = Field(300.0, gt=0, description="BER is errors / bits over this window")
-    ber_for_s: float = Field(60.0, ge=0)
-    uptime_tolerance_s: float = Field(5.0, ge=0, description="uptime may trail elapsed time "
-                                      "by this before it means a reboot")
-    cable_temp_limit_c: float = Field(70.0, description="cable/transceiver temperature alarm "
-                                      "(UFM, REF §8 [S]); used when telemetry carries it")
-
-    @field_validator("counters")
+    @field_validator("plant_topic")
     @classmethod
-    def _counter_specs(cls, v: dict[str, str]) -> dict[str, str]:
-        for name, spec in v.items():
-            if not _COUNTER_RE.match(spec):
-                raise ValueError(f"{name}: {spec!r} must be '<8|16|32|64>/<wrap|saturate>'")
-        return v
+    def _plant_topic(cls, v: str | None) -> str | None:
+        # A subscribed topic: each level a topic level (rackplane.core.names).
+        return None if v is None else check_topic_levels(v, "plant_topic")
 
-    def counter_spec(self, name: str) -> tuple[int, bool, float]:
-        """(bits, saturating, max plausible rate per s) of a configured counter."""
-        bits, kind = self.counters[name].split("/")
-        default = MAX_RATE_64BIT_PER_S if bits == "64" else float("inf")
-        return int(bits), kind == "saturate", self.counter_max_rate_per_s.get(name, default)
-
-    @model_validator(mode="after")
-    def _counters(self) -> LinkSettings:
-        needed = [*self.zero_rate_counters, self.pre_fec_nvlink, self.pre_fec_nic,
-                  "link_downed", "carrier_changes"]
-        missing = sorted({c for c in needed if c not in self.counters})
-        if missing:
-            raise ValueError(f"counters {missing} are used but not defined in links.counters")
-        unknown = sorted(set(self.counter_max_rate_per_s) - set(self.counters))
-        if unknown:
-            raise ValueError(f"counter_max_rate_per_s: {unknown} are not in links.counters")
-        bad = sorted(k for k, r in self.counter_max_rate_per_s.items() if not r > 0)
-        if bad:  # a NaN or a rate <= 0 would stop the link detectors at their first tick
-            raise ValueError(f"counter_max_rate_per_s: {bad} must be > 0 (inf: no bound)")
-        if self.cusum_lambda1_per_min <= self.healthy_rate_per_min:
-            raise ValueError("cusum_lambda1_per_min must be above healthy_rate_per_min")
-        if self.cusum_watch_h is not None and self.cusum_watch_h >= self.cusum_h:
-            raise ValueError("cusum_watch_h must be below cusum_h")
-        if self.flap_score_clear_below >= self.flap_score_raise_at:
-            raise ValueError("flap_score_clear_below must be below flap_score_raise_at")
-        return self
 
 
 class ThermalSettings(StrictModel):
@@ -506,32 +409,14 @@ class ThermalSettings(StrictModel):
                             "rack-wide cause (load or loop), not one tray")
 
 
-class TrafficSettings(StrictModel):
-    """Irregular traffic: per-port throughput vs what the workload implies."""
-
-    enabled: bool = True
-    nvlink_share: float = Field(1.0, gt=0, le=1, description="NVLink throughput per unit of "
-                                "GPU traffic, fraction of line rate [U]")
-    nic_share: float = Field(0.5, gt=0, le=1, description="NIC throughput per unit of GPU "
-                             "traffic, fraction of line rate [U]")
-    min_expected_fraction: float = Field(0.05, gt=0, le=1, description="below this expected "
-                                         "share of line rate nothing is judged")
-    silent_fraction: float = Field(0.1, gt=0, lt=1, description="below this share of the "
-                                   "expected throughput a port is silent")
-    silent_for_s: float = Field(30.0, ge=0)
-    stall_for_s: float = Field(10.0, ge=0)
-    burst_excess: float = Field(0.5, gt=0, description="above expected × (1 + this) + 5 % of "
-                                "line = a burst")
-    burst_for_s: float = Field(10.0, ge=0)
-
-
 class LifecycleSettings(StrictModel):
     """The rack lifecycle and where it is persisted."""
 
-    state_file: Path = Field(
-        Path("racky-state.json"), description="versioned state file (lifecycle, trays powered "
-        "off by safety requests, last validation); relative: in $STATE_DIRECTORY or the "
-        "working directory"
+    state_file: Path | None = Field(
+        None, description="versioned state file (lifecycle, trays powered off by safety "
+        "requests, last validation); None: racky-state-<site>-<row>-<rack>.json, one per rack "
+        "(two racky daemons started from one folder never share it); relative: in "
+        "$STATE_DIRECTORY or the working directory"
     )
     initial_state: LifecycleState = Field("provisioning", description="state of a new rack")
 
@@ -555,7 +440,34 @@ class ValidationSettings(StrictModel):
 
 
 def _default_commands() -> CommandSettings:
-    return CommandSettings(users={"valvey": "automation"})
+    return CommandSettings(users={"valvey": "automation", "rlc": "operator"})
+
+
+def default_plausibility() -> dict[str, PlausibilityWindow]:
+    """Plausibility windows of racky's cooling inputs (they feed the derate and the thermal
+    limits): coolant and facility water in °C, flow in L/min [U: physics of a warm-water TCS,
+    REFERENCE §1.4, §4.3 (design flow 198 L/min)]; a kelvin or °F reading, or m³/h where L/min
+    is expected, is outside."""
+    w = PlausibilityWindow
+    temp = {"min": -10.0, "max": 100.0, "source": "TCS / facility water, °C [U]"}
+    return {
+        "supply_temp_c": w(**temp),
+        "setpoint_c": w(**temp),
+        "facility_supply_temp_c": w(**temp),
+        "flow_lpm": w(min=0.0, max=2000.0, source="secondary flow, L/min: ~10 × design [U]"),
+        "capacity_w_per_k": w(min=1000.0, max=1_000_000.0, source="valvey's measured cooling "
+                              "capacity, rack W per K of approach: ~52 kW/K nominal (REFERENCE "
+                              "§4.4); kW/K where W/K is expected falls outside [U]"),
+        # the node agents' figures racky's caps and thermal limits use (a tray message with
+        # one outside is refused whole, as any bad tray message)
+        "tray_power_w": w(min=0.0, max=20_000.0, source="one compute tray, W: GB300 tray "
+                          "~6.6 kW (REFERENCE §1) x 3; kW or mW units fall outside"),
+        "tray_coolant_out_temp_c": w(**temp),
+        "gpu_power_w": w(min=0.0, max=3000.0, source="one GPU, W: B300 1.4 kW TDP (REFERENCE §1) "
+                         "x 2"),
+        "gpu_temp_c": w(min=-10.0, max=150.0, source="GPU junction, °C: shutdown ~ 90-105 "
+                        "[U]; kelvin or °F fall outside"),
+    }
 
 
 class RackyConfig(DaemonSettings):
@@ -576,10 +488,39 @@ class RackyConfig(DaemonSettings):
     traffic: TrafficSettings = TrafficSettings()
     lifecycle: LifecycleSettings = LifecycleSettings()
     validation: ValidationSettings = ValidationSettings()
+    leadership: LeadershipSettings = Field(
+        default_factory=lambda: LeadershipSettings(),
+        description="redundant pair (issue 15, docs/OPERATIONS.md §6): two instances on a "
+        "NATS JetStream cluster; only the lease holder sends commands to the node agents "
+        "(epoch 2**62 + its lease epoch) and writes the shelves; off by default")
+    fleet: FleetSettings = Field(
+        default_factory=lambda: FleetSettings(),
+        description="one rack of an rlc fleet (issue 16): the budget is also bounded by rlc's "
+        "lease in the fleet KV bucket, the floor without one; off by default")
+    campaign_gate: CampaignGateSettings = Field(
+        default_factory=lambda: CampaignGateSettings(),
+        description="fleet mode only (issue 17): production only on rlc's order with a "
+        "campaign's passes judged here (racky/core/campaign_gate.py)")
     commands: CommandSettings = Field(
         default_factory=_default_commands,
-        description="command path: roles of broker users (valvey = automation, CONTRACTS.md)",
+        description="command path: roles of broker users (valvey = automation, CONTRACTS.md; "
+        "rlc = operator: its campaigns start validations and order production)",
     )
+    plausibility: dict[str, PlausibilityWindow] = Field(
+        default_factory=default_plausibility,
+        description="plausibility window (min, max) per input, laid over the defaults: the "
+        "cooling inputs (valvey's state and the plant topic: supply_temp_c, setpoint_c, "
+        "flow_lpm, facility_supply_temp_c; one outside makes the cooling reading unknown, the "
+        "derate holds) and the node agents' tray_power_w, tray_coolant_out_temp_c, "
+        "gpu_power_w, gpu_temp_c (a tray message with one outside is refused, the tray's "
+        "reading ages); alarm input_implausible names the input. The shelves' points have "
+        "theirs in the register map (valid_min / valid_max)",
+    )
+
+    @field_validator("plausibility", mode="before")
+    @classmethod
+    def _windows(cls, v: object) -> object:
+        return merge_windows(default_plausibility(), v)
 
     @model_validator(mode="after")
     def _cross(self) -> RackyConfig:
@@ -590,7 +531,70 @@ class RackyConfig(DaemonSettings):
         for tray in self.power.tray_classes:
             if int(tray) >= self.node_agents.trays:
                 raise ValueError(f"power.tray_classes: tray {tray} >= node_agents.trays")
+        b = self.power.budget_w
+        lo, hi = self.rack_floor_w, self.power.rack_capacity_w
+        if hi < lo:
+            raise ValueError(
+                f"power.rack_capacity_w = {hi:g} W is below the rack's floor {lo:g} W "
+                "(node_agents.trays × the lowest tray cap + non_tray_power_w): no budget could "
+                "be met with every tray on; capacities are in W, not kW")
+        if b is not None and not lo <= b <= hi:
+            raise ValueError(
+                f"power.budget_w = {b:g} W is outside [{lo:g}, {hi:g}] W (the rack's floor: "
+                "node_agents.trays × the lowest tray cap + non_tray_power_w .. "
+                "power.rack_capacity_w); budgets are in W, not kW")
+        # a shelf value is good until the shelves' stale limit after its last good read: a
+        # slower poll would make it stale between two good reads (issue 14)
+        limit = self.shelf_stale_after_s
+        polls = [(f"power_shelves[{i}].poll_interval_s", s.poll_interval_s)
+                 for i, s in enumerate(self.power_shelves)]
+        if self.discovery.enabled:
+            polls.append(("discovery.poll_interval_s", self.discovery.poll_interval_s))
+        for key, poll in polls:
+            if poll >= limit:
+                raise ValueError(f"{key} ({poll:g} s) must be shorter than the shelves' stale "
+                                 f"limit max(node_agents.stale_after_s, 3 s) = {limit:g} s")
+        self._check_pair()
+        check_fleet(self)
         return self
+
+    def _check_pair(self) -> None:
+        """A pair's fence of last resort at the trays (issue 15): the agents' cap TTL
+        (`racky.core.agent_settings.CAP_TTL_S`: caps lapse when no command refreshed them).
+        A failover must not let racky's caps lapse: the old active's last refresh may be
+        `CAP_REFRESH_S` old when it dies, the standby takes over within the lease and one
+        renewal period, and sends on its next tick. racky has no other device watchdog (it
+        only reads the shelves)."""
+        ls = self.leadership
+        if not ls.enabled:
+            return
+        from racky.core.agent_settings import CAP_REFRESH_S, CAP_TTL_S  # (imports this module)
+
+        need = CAP_REFRESH_S + ls.lease_s + ls.renew_every_s + self.control.tick_s
+        if not need < CAP_TTL_S:
+            raise ValueError(
+                f"leadership.lease_s ({ls.lease_s:g} s) too long for the agents' cap TTL: the "
+                f"cap refresh period ({CAP_REFRESH_S:g} s) + lease_s + leadership.renew_every_s "
+                f"({ls.renew_every_s:g}) + control.tick_s ({self.control.tick_s:g}) = {need:g} s "
+                f"must be below the caps' ttl_s ({CAP_TTL_S:g} s), or a failover lets the "
+                "trays' caps lapse")
+
+    @property
+    def rack_floor_w(self) -> float:
+        """The rack's floor, W: every tray at the lowest cap its agent accepts (GPUs × the
+        GPUs' minimum power limit × (1 + the non-GPU share), rounded up as
+        `racky.core.power.CapAllocator.tray_min_w`) plus the power outside the trays. No
+        budget below it can be met with every tray on."""
+        a = self.node_agents
+        tray_min = math.ceil(a.gpus_per_tray * a.gpu_min_power_limit_w * (1.0 + a.other_share)
+                             + 1.0)
+        return float(a.trays * tray_min + a.non_tray_power_w)
+
+    @property
+    def shelf_stale_after_s(self) -> float:
+        """How long a shelf's last good value holds, s (`racky.core.controller`: the shelves
+        are read with the node agents' stale limit, at least 3 s)."""
+        return max(self.node_agents.stale_after_s, 3.0)
 
     @property
     def command_user(self) -> str:
@@ -598,7 +602,56 @@ class RackyConfig(DaemonSettings):
         return self.node_agents.user or self.mqtt.username or "racky"
 
 
+PLAUSIBLE: tuple[Plausible, ...] = (
+    Plausible("power.budget_w", 10_000.0, 600_000.0, "W", "REFERENCE §1.1: GB200 NVL72 "
+              "≈120-132 kW, GB300 ≈142 kW, Vera Rubin 130-230 kW, Kyber up to 600 kW [S2]",
+              "kW written as W?"),
+    Plausible("power.rack_capacity_w", 10_000.0, 1_000_000.0, "W", "REFERENCE §1.2: 8 "
+              "shelves × 33 kW = 264 kW nameplate [S]; 400 kW racks with 160 kW shelves [S2]",
+              "kW written as W?"),
+    Plausible("power.confirmed_low_w", 100.0, 50_000.0, "W", "a rack with its trays off "
+              "draws its switch trays and fans: ≈3.6 kW for NVL72 (REFERENCE §1.1)"),
+    Plausible("node_agents.gpu_tgp_w", 100.0, 3_000.0, "W", "REFERENCE §1.1: B200 1.2 kW, "
+              "GB300 1.4 kW, Rubin ≈1.8-2.3 kW per GPU", "kW written as W?"),
+    Plausible("node_agents.gpu_min_power_limit_w", 50.0, 1_000.0, "W", "NVML minimum power "
+              "limits are a few hundred W (REFERENCE §1.3)"),
+    Plausible("node_agents.non_tray_power_w", 0.0, 50_000.0, "W", "REFERENCE §1.1: 9 switch "
+              "trays × 0.4 kW = 3.6 kW [S2]"),
+    Plausible("cooling.flow_low_lpm", 10.0, 3_000.0, "L/min", "REFERENCE §1.4: 1.5 L/min per "
+              "kW, 198 L/min for a 132 kW rack [S2]", "m³/h or L/s written as L/min?"),
+    Plausible("thermal.tray_outlet_limit_c", 30.0, 90.0, "°C", "REFERENCE §1.4: DLC supply "
+              "25-45 °C, return ≈10 K above", "°F written as °C?"),
+    Plausible("thermal.psu_warn_c", 40.0, 120.0, "°C", "PSU electronics derate and trip near "
+              "80-100 °C [U]; racky's defaults 80 / 85 °C", "°F written as °C?"),
+    Plausible("thermal.psu_limit_c", 40.0, 120.0, "°C", "PSU electronics derate and trip near "
+              "80-100 °C [U]; racky's defaults 80 / 85 °C", "°F written as °C?"),
+    Plausible("links.cable_temp_limit_c", 40.0, 110.0, "°C", "REFERENCE §8: cable and "
+              "transceiver alarm at 70 °C (UFM)", "°F written as °C?"),
+    Plausible("power.sequencing.inrush_limit_w", 1_000.0, 1_000_000.0, "W", "REFERENCE §1.2: "
+              "33 kW shelves; a tray's inrush is kW [U]", "kW written as W?"),
+    Plausible("power.sequencing.tray_inrush_w", 100.0, 50_000.0, "W", "REFERENCE §1.1: a "
+              "compute tray of 4 GPUs draws several kW", "kW written as W?"),
+)
+"""Physical ranges of racky's config values (`config_warnings`; issue 14 item 18)."""
+
+
+def config_warnings(cfg: RackyConfig) -> list[str]:
+    """Warnings for values far outside their physical range (`PLAUSIBLE`) and a budget above
+    what the rack can draw (it never binds), a pair's loopback-only NATS servers
+    (`LeadershipSettings.warnings`), a fleet user other than this rack's
+    (`racky.fleet_settings.fleet_warnings`): printed by ``--check-config``, logged at start."""
+    out = plausibility_warnings(cfg, PLAUSIBLE)
+    a, b = cfg.node_agents, cfg.power.budget_w
+    most = a.trays * a.gpus_per_tray * a.gpu_tgp_w * (1.0 + a.other_share) + a.non_tray_power_w
+    if b is not None and b > 1.5 * most:
+        out.append(f"power.budget_w = {b:g} W is more than 1.5 × what the rack can draw "
+                   f"({most:.0f} W: node_agents trays × GPUs × gpu_tgp_w × (1 + other_share) + "
+                   "non_tray_power_w): the budget never binds")
+    return out + cfg.leadership.warnings() + fleet_warnings(cfg)
+
+
 def state_path(p: Path, environ: dict[str, str] | None = None) -> Path:
     """A racky file path: absolute as given; relative inside ``$STATE_DIRECTORY`` (first entry)
     under systemd, else the working directory."""
     return in_state_directory(p, environ)
+

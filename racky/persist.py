@@ -15,12 +15,29 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rackplane.core.envelope import finite_int
 from rackplane.io.files import move_aside, write_atomic
 from rackplane.paths import is_in_state_directory
-from racky.config import LifecycleState
+from racky.config import LifecycleState, RackyConfig, state_path
 from racky.core.lifecycle import Lifecycle, PersistedState
 
-__all__ = ["StateStore"]
+__all__ = ["LEGACY_STATE_FILE", "STATE_FILE_NAME", "StateStore", "lifecycle_state_file"]
+
+STATE_FILE_NAME = "racky-state-{site}-{row}-{rack}.json"
+"""The default name of racky's state file (``lifecycle.state_file`` unset): one per rack."""
+
+LEGACY_STATE_FILE = Path("racky-state.json")
+"""The default name before it was per rack (every racky of a folder shared it)."""
+
+
+def lifecycle_state_file(cfg: RackyConfig, environ: dict[str, str] | None = None) -> Path:
+    """Where racky's state file is: ``lifecycle.state_file`` (relative: `state_path`), or,
+    unset, `STATE_FILE_NAME` of this rack's identity in the same place."""
+    f = cfg.lifecycle.state_file
+    if f is None:
+        i = cfg.identity
+        f = Path(STATE_FILE_NAME.format(site=i.site, row=i.row, rack=i.rack))
+    return state_path(f, environ)
 
 
 class StateStore:
@@ -41,7 +58,8 @@ class StateStore:
         except OSError as err:
             return self._unusable(wall_ns, f"cannot read {self.path}: {err}", move=False)
         try:
-            return PersistedState.from_json(json.loads(text))
+            # no integer a double cannot hold: a 400-digit one made float() raise at start
+            return PersistedState.from_json(json.loads(text, parse_int=finite_int))
         except (ValueError, TypeError, KeyError, RecursionError) as err:
             return self._unusable(wall_ns, f"{self.path}: {err}", move=True)
 

@@ -96,6 +96,7 @@ def write_report(results: Sequence[ValidationResult], directory: Path,
     lines += [f"**Verdict: {'PASS' if overall else 'FAIL'}** "
               f"({len(results)} run{'s' if len(results) != 1 else ''})", ""]
     plotted = True
+    plot_problem: str | None = None
     for r in results:
         tr = "all trays" if r.trays is None else "trays " + ", ".join(map(str, r.trays))
         lines += [f"## {r.stage} stage: {r.rack} ({tr}): {'PASS' if r.passed else 'FAIL'}", "",
@@ -109,12 +110,18 @@ def write_report(results: Sequence[ValidationResult], directory: Path,
         if r.samples:
             dur = r.samples[-1].t_s - r.samples[0].t_s
             lines += [f"{len(r.samples)} samples over {dur:.0f} s.", ""]
-        plots = _plots(r, d)
+        try:
+            plots = _plots(r, d)
+        except Exception as err:  # a plot that fails to draw never costs the report
+            plots, plot_problem = [], f"{type(err).__name__}: {err}"
         if not plots and r.samples:
             plotted = False
         for t, name in plots:
             lines += [f"![{t}]({name})", ""]
-    if not plotted:
+    if plot_problem is not None:
+        lines += [f"_Plots not drawn ({plot_problem}); the verdict and criteria above are "
+                  "complete._", ""]
+    elif not plotted:
         lines += ["_Plots omitted: matplotlib is not installed (pip install "
                   "'rackplane[tools]')._", ""]
     p = d / "report.md"

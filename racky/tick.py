@@ -1,6 +1,6 @@
 """racky's tick: its inputs, one call per tick, its effects as plain data (issue 13).
 
-The daemon (`racky.app.Racky`) and the lock-step harness (``harness/lockstep_racky.py``) drive
+The daemon (`racky.app.Racky`) and the lock-step harness (``harness/lockstep_racky/``) drive
 the same `RackyTick`, so a lock-step figure is a figure of the daemon's code. Pure: no
 asyncio, no sockets, no clock (times are passed in), no `rackplane.io` import.
 
@@ -34,10 +34,12 @@ import numpy as np
 from rackplane.core.alarms import AlarmEvent
 from rackplane.core.effects import LogRecord, TsLine, alarm_event
 from rackplane.core.envelope import MAX_INPUT_BYTES, JsonError, read_json
-from rackplane.core.samples import Sample
+from rackplane.core.polling import hold_good
+from rackplane.core.samples import Quality, Sample
 from rackplane.core.topics import Topics
 from racky.config import RackyConfig
 from racky.core.agent_settings import AgentCommand
+from racky.core.alarmbank import AlarmKind
 from racky.core.controller import CoreOutput, RackyCore, RackyInputs
 from racky.core.linkframe import PayloadError
 from racky.core.telemetry import StaleMessage, TelemetryIngest, decode_payload
@@ -152,6 +154,12 @@ def _num(d: Mapping[str, Any], *keys: str) -> float | None:
     return None
 
 
+INPUT_IMPLAUSIBLE = AlarmKind(
+    "input_implausible", "major", "input {thing} outside its plausibility window ({detail}): "
+    "not believed, cooling counts as unknown (the derate holds)",
+    runbook="racky.input_implausible")
+
+
 class RackyTick:
     """racky's inputs, tick and effects (see the module docstring).
 
@@ -163,21 +171,30 @@ class RackyTick:
             publish is due at once).
         agent_epoch: the epoch every ``set_power_limits`` carries (node-agent contract v1:
             agents drop a command of an older epoch than the newest they have seen); the
-            daemon passes its start time in ms since the Unix epoch.
+            daemon passes `rackplane.core.tray_contract.command_epoch` (a single instance:
+            its start time in ms since the Unix epoch; one of a pair: 2**62 + its lease
+            epoch, set again on each takeover).
+        request_prefix: the request ids' prefix (``racky``; one of a pair adds its instance:
+            the two instances' ids never collide at the agents' de-duplication).
 
     Attributes:
         latest: per shelf device name, point -> the newest `Sample`.
         ingest: the node agents' telemetry (`TelemetryIngest`).
         pending: request id -> (trays, sent at monotonic s) of unanswered agent commands.
         agent_stats: sent / ok / refused / lost / send_errors counts (``state/health``).
+        sending: False while one of a pair is standby: the commands its shadow core decides
+            are counted in ``withheld_commands`` and go nowhere (no publish, no pending).
         payload_problems: what is wrong with an input now (``trayNN``, ``cooling_state``,
             ``plant_telemetry`` -> why), so each problem is logged once until it clears.
     """
 
     def __init__(self, cfg: RackyConfig, core: RackyCore, started_mono: float, *,
-                 agent_epoch: int = 0) -> None:
+                 agent_epoch: int = 0, request_prefix: str = "racky") -> None:
         self.cfg = cfg
         self.agent_epoch = agent_epoch
+        self.request_prefix = request_prefix
+        self.sending = True
+        self.withheld_commands = 0
         self.core = core
         self.topics = TickTopics.of(cfg)
         a = cfg.node_agents
@@ -192,6 +209,10 @@ class RackyTick:
         self._cooling_t: float | None = None
         self._plant_t: float | None = None
         self.payload_problems: dict[str, str] = {}
+        self.invalid_inputs = 0
+        """Cooling / plant / agent-reply messages refused (not a JSON object) and cooling
+        values outside their windows, since start (self-metric ``input_invalid_samples``
+        with the refused tray messages, ``ingest.errors``)."""
         self._logs: list[LogRecord] = []
         self._saved_version = 0
         self._next_state = 0.0
@@ -199,12 +220,26 @@ class RackyTick:
         self._next_link = 0.0
         self._telemetry_prefix = self.topics.telemetry.removesuffix("+")
         self._reply_prefix = self.topics.agents.cmd_base(self.topics.agent_user) + "/"
+        # the shelves' stale limit as the core applies it (RackyCore.step: read_shelves)
+        self._shelf_hold_s = cfg.shelf_stale_after_s
+        self._implausible: dict[str, dict[str, str]] = {"cooling": {}, "plant": {},
+                                                         "trays": {}}
+        if "input_implausible" not in core.bank.kinds:
+            core.bank.add_kinds([INPUT_IMPLAUSIBLE])
 
     # --- inputs -----------------------------------------------------------------------------
 
     def shelf_samples(self, device: str, samples: Iterable[Sample]) -> None:
-        """A shelf's newest poll: one sample per point (replaces the previous poll's)."""
-        self.latest[device] = {x.point: x for x in samples}
+        """A shelf's newest poll: one sample per point (replaces the previous poll's). A
+        failed poll's STALE samples (no value) do not end a good value before the shelves'
+        stale limit (`rackplane.core.polling.hold_good`: a value is good until its stale limit
+        after its last good read; the core judges the age)."""
+        prev = self.latest.get(device, {})
+        hold_s = self._shelf_hold_s
+        self.latest[device] = {
+            x.point: hold_good(prev.get(x.point), x, hold_s) if (
+                x.quality is Quality.STALE and x.value is None) else x
+            for x in samples}
 
     def take_logs(self) -> list[LogRecord]:
         """The log records the input methods made since the last call (then cleared)."""
@@ -249,8 +284,21 @@ class RackyTick:
                 raise PayloadError(f"payload: more than {MAX_INPUT_BYTES} bytes")
             data = decode_payload(payload)
             ingested = True
+            prev = self.ingest.trays.get(int(suffix))
             self.ingest.tray_payload(data, received_mono, retained=retain,
                                      expected_tray=int(suffix))
+            why_implausible = self._tray_implausible(int(suffix))
+            if why_implausible is not None:
+                # not believed: the tray keeps its previous reading, which ages and goes stale
+                # (the same fate as any refused tray message); alarm input_implausible
+                if prev is None:
+                    self.ingest.trays.pop(int(suffix), None)
+                else:
+                    self.ingest.trays[int(suffix)] = prev
+                self.ingest.errors += 1
+                self._implausible["trays"][thing] = why_implausible
+                raise PayloadError(why_implausible)
+            self._implausible["trays"].pop(thing, None)
         except StaleMessage as err:
             key = f"{thing}:stale:{err}"
             if key not in self.payload_problems:
@@ -295,12 +343,15 @@ class RackyTick:
         """When a cooling/plant message counts as read (monotonic s). A message from the
         broker's retained store may be old (valvey stopped an hour ago): its age comes from the
         payload's ``ts_ns``, else it counts as stale at once; a dead publisher's last value is
-        never taken as fresh (it would let the derate release on old facility water)."""
+        never taken as fresh (it would let the derate release on old facility water). A
+        ``ts_ns`` later than now by more than that stale age (a publisher's clock or unit
+        error) gives no age either: stale at once."""
         if not retain:
             return received_mono
-        age = self.cfg.power.derate.stale_after_s + self.cfg.cooling.stale_after_s + 1.0
+        stale_age = self.cfg.power.derate.stale_after_s + self.cfg.cooling.stale_after_s + 1.0
+        age = stale_age
         ts = d.get("ts_ns")
-        if isinstance(ts, int) and not isinstance(ts, bool):
+        if isinstance(ts, int) and not isinstance(ts, bool) and ts - wall_ns <= stale_age * 1e9:
             age = max(0.0, (wall_ns - ts) / 1e9)
         return received_mono - age
 
@@ -316,6 +367,7 @@ class RackyTick:
                 self.payload_problems.pop(what, None)
                 return d
             why = "not a JSON object"
+        self.invalid_inputs += 1
         if self.payload_problems.get(what) != why:
             self.payload_problems[what] = why
             self._log("warning", f"{what}_refused", topic=topic, error=why,
@@ -328,13 +380,14 @@ class RackyTick:
         d = self._json_object(topic, payload, "cooling_state")
         if d is None:
             return
-        self._cooling = {
+        self._cooling = self._judged("cooling", {
             "supply_temp_c": _num(d, "supply_temp_c"),
             "setpoint_c": _num(d, "setpoint_c"),
             "flow_lpm": _num(d, "flow_lpm"),
             "facility_supply_temp_c": _num(d, "facility_supply_temp_c"),
             "valve_position_pct": _num(d, "valve_position_pct", "valve_command_pct"),
-        }
+            "capacity_w_per_k": _num(d, "capacity_w_per_k"),
+        })
         self._cooling_t = self._arrival(retain, received_mono, wall_ns, d)
 
     def plant_telemetry(self, topic: str, payload: bytes, *, retain: bool,
@@ -342,14 +395,77 @@ class RackyTick:
         """The plant topic (``cooling.plant_topic``): flow and facility water."""
         d = self._json_object(topic, payload, "plant_telemetry")
         if d is not None:
-            self._plant = {"flow_lpm": _num(d, "flow_lpm"),
-                           "facility_supply_temp_c": _num(d, "facility_supply_temp_c")}
+            self._plant = self._judged("plant", {
+                "flow_lpm": _num(d, "flow_lpm"),
+                "facility_supply_temp_c": _num(d, "facility_supply_temp_c")})
             self._plant_t = self._arrival(retain, received_mono, wall_ns, d)
+
+    def _judged(self, source: str, values: dict[str, float | None]
+                ) -> dict[str, float | None]:
+        """``values`` with every one outside its plausibility window (``plausibility``) set
+        to None and noted (alarm ``input_implausible``; `cooling_reading` is then None)."""
+        bad: dict[str, str] = {}
+        windows = self.cfg.plausibility
+        for k, v in values.items():
+            w = windows.get(k)
+            if v is not None and w is not None and not w.contains(v):
+                bad[k] = f"{source}: {v:g} outside [{w.min:g}, {w.max:g}]"
+                values[k] = None
+                self.invalid_inputs += 1
+        if bad != self._implausible[source]:
+            for k, why in bad.items():
+                if k not in self._implausible[source]:
+                    self._log("warning", "input_implausible", input=k, detail=why,
+                              note="not believed: cooling counts as unknown, the derate holds")
+            self._implausible[source] = bad
+        return values
+
+    def implausible_inputs(self) -> dict[str, str]:
+        """Inputs outside their plausibility windows now (cooling values; trays whose last
+        message was refused for one): name -> why."""
+        return {**self._implausible["plant"], **self._implausible["cooling"],
+                **self._implausible["trays"]}
+
+    def _tray_implausible(self, tray: int) -> str | None:
+        """Why tray ``tray``'s newest reading is implausible (a tray or GPU figure outside its
+        window: ``tray_power_w``, ``tray_coolant_out_temp_c``, ``gpu_power_w``,
+        ``gpu_temp_c``), or None. Unknown values (NaN) are not judged."""
+        r = self.ingest.trays.get(tray)
+        if r is None:
+            return None
+        w = self.cfg.plausibility
+        checks = (("tray_power_w", np.asarray([r.power_w])),
+                  ("tray_coolant_out_temp_c", np.asarray([r.coolant_out_temp_c])),
+                  ("gpu_power_w", r.gpu_power_w), ("gpu_temp_c", r.gpu_temp_c))
+        for name, vals in checks:
+            win = w.get(name)
+            if win is None:
+                continue
+            v = vals[np.isfinite(vals)]
+            out = v[(v < win.min) | (v > win.max)]
+            if out.size:
+                return (f"{name} {float(out[0]):g} outside its plausibility window "
+                        f"[{win.min:g}, {win.max:g}]")
+        return None
+
+    def implausible_shelf_points(self) -> dict[str, str]:
+        """Shelf points whose latest sample is outside the register map's valid range
+        (``<shelf>/<point>`` -> why): never used (`racky.core.power.read_shelves` takes GOOD
+        samples only; a shelf without a plausible output power counts as offline, so the rack
+        power is unknown rather than understated)."""
+        out: dict[str, str] = {}
+        for dev, pts in self.latest.items():
+            for name, x in pts.items():
+                if x.quality is Quality.OUT_OF_RANGE:
+                    v = "?" if x.value is None else f"{x.value:g}"
+                    out[f"{dev}/{name}"] = f"{v} outside the register map's valid range"
+        return out
 
     def cooling_reading(self) -> CoolingReading | None:
         """valvey's state (and the plant topic's flow / facility water when valvey's lacks
-        them), stamped with when it arrived (the older of the two when both are used)."""
-        if self._cooling_t is None:
+        them), stamped with when it arrived (the older of the two when both are used). None
+        while any of them is implausible (unknown: the safe side, the derate holds)."""
+        if self._cooling_t is None or self.implausible_inputs():
             return None
         c = dict(self._cooling)
         t = self._cooling_t
@@ -362,6 +478,7 @@ class RackyTick:
             setpoint_c=c.get("setpoint_c"), flow_lpm=c.get("flow_lpm"),
             facility_supply_temp_c=c.get("facility_supply_temp_c"),
             valve_position_pct=c.get("valve_position_pct"),
+            capacity_w_per_k=c.get("capacity_w_per_k"),
         )
 
     # --- the tick ---------------------------------------------------------------------------
@@ -385,6 +502,8 @@ class RackyTick:
         self._commands(out.commands, now_mono, wall_ns, eff)
         self._expire_pending(now_mono)
         events = list(out.alarm_events)
+        bad = {**self.implausible_inputs(), **self.implausible_shelf_points()}
+        events += core.bank.update(now_mono, "input_implausible", list(bad), bad)
         for aid, cond in (extra_alarms or {}).items():
             events += core.bank.update(now_mono, aid, [""] if cond else [])
         self._alarms(events, wall_ns, eff)
@@ -427,9 +546,12 @@ class RackyTick:
         issued = datetime.fromtimestamp(wall_ns / 1e9, UTC)  # wall-clock: envelope
         issued_at = issued.isoformat().replace("+00:00", "Z")
         topic = self.topics.command
+        if not self.sending:
+            self.withheld_commands += len(cmds)
+            return
         for c in cmds:
             self._request_n += 1
-            rid = f"racky-{self.started_mono:.0f}-{self._request_n}"[:64]
+            rid = f"{self.request_prefix}-{self.started_mono:.0f}-{self._request_n}"[:64]
             payload = {"request_id": rid, "issued_at": issued_at,
                        "args": c.wire_args(self.agent_epoch)}
             self.pending[rid] = (c.trays, now_mono)

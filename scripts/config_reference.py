@@ -24,8 +24,22 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "CONFIG-REFERENCE.md"
 
 
+# Validated string types (rackplane.settings): the validator's name -> the "allowed" text.
+_VALIDATED = {
+    "_level": "topic level: 1-64 of A-Z a-z 0-9 _ : - (no / + # $ . spaces)",
+    "check_client_id": "client id: 1-200 of A-Z a-z 0-9 _ : -",
+}
+
+
+def _validated(metadata: Any) -> list[str]:
+    names = (getattr(getattr(m, "func", None), "__name__", "") for m in metadata)
+    return [_VALIDATED[n] for n in names if n in _VALIDATED]
+
+
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _type_name(typing.get_args(tp)[0])
     if origin is typing.Literal:
         return " | ".join(repr(a) for a in typing.get_args(tp))
     if origin in (typing.Union, types.UnionType):
@@ -39,7 +53,10 @@ def _type_name(tp: Any) -> str:
 
 
 def _constraints(info: FieldInfo) -> str:
-    out: list[str] = []
+    out: list[str] = _validated(info.metadata)
+    for tp in typing.get_args(info.annotation):  # e.g. TopicLevel | None, dict[TopicLevel, ...]
+        if typing.get_origin(tp) is typing.Annotated:
+            out += _validated(tp.__metadata__)
     for m in info.metadata:
         for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"),
                           ("min_length", "min length"), ("max_length", "max length"),
@@ -109,6 +126,8 @@ def section(model: type[BaseModel], instance: BaseModel | None, path: str,
 
 def render() -> str:
     from racky.config import RackyConfig
+    from rlc.config import RlcConfig
+    from trayagent.config import TrayAgentConfig
     from valvey.config import ValveyConfig
 
     out = [
@@ -117,13 +136,19 @@ def render() -> str:
         "Generated from the config models by `scripts/config_reference.py`; do not edit by hand "
         "(tests/unit/test_service_config_reference.py fails when it is stale). Commented "
         "examples with every default: `config/valvey.example.toml`, "
-        "`config/racky.example.toml` (`valvey --print-default-config`). Relative paths resolve "
+        "`config/racky.example.toml`, `config/tray-agent.example.toml`, "
+        "`config/rlc.example.toml` (`valvey "
+        "--print-default-config`). Relative paths resolve "
         "against the config file's folder, except a relative `spool.directory` under systemd, "
         "which lives in `$STATE_DIRECTORY`. Secrets never go in the file: `*_env` keys name "
-        "environment variables (systemd: `EnvironmentFile=`).",
+        "environment variables (systemd: `EnvironmentFile=`). TOML has no null: a key whose "
+        "type includes `none` is switched off (None) by the string `\"unset\"` (e.g. "
+        "`heat_removed = \"unset\"` for a CDU without that point); leaving a key out keeps "
+        "its default.",
         "",
     ]
-    for title, model in (("valvey", ValveyConfig), ("racky", RackyConfig)):
+    for title, model in (("valvey", ValveyConfig), ("racky", RackyConfig),
+                         ("tray-agent", TrayAgentConfig), ("rlc", RlcConfig)):
         out += [f"## {title}", ""]
         section(model, model(), "", out, set())
     return "\n".join(out).rstrip() + "\n"

@@ -146,12 +146,13 @@ class RateProfile:
 class CountChunk:
     """Counts of links ``link_start .. link_stop − 1`` for minutes ``minute_start ..
     minute_start + counts.shape[1] − 1``; ``counts`` has shape (links, minutes), int64, and
-    may be a non-contiguous (transposed) view: column access ``counts[:, j]`` is contiguous."""
+    may be a non-contiguous (transposed) view: column access ``counts[:, j]`` is contiguous;
+    float64 with NaN for unknown bins when the run has some (``unknown_min``)."""
 
     link_start: int
     link_stop: int
     minute_start: int
-    counts: npt.NDArray[np.int64]
+    counts: npt.NDArray[np.int64] | npt.NDArray[np.float64]
 
 
 class ChunkDetector(Protocol):
@@ -165,7 +166,7 @@ class ChunkDetector(Protocol):
     """
 
     def __call__(
-        self, counts: npt.NDArray[np.int64], minute_start: int, /
+        self, counts: npt.NDArray[np.int64] | npt.NDArray[np.float64], minute_start: int, /
     ) -> npt.NDArray[np.bool_] | None: ...
 
 
@@ -180,6 +181,8 @@ class HarnessResult:
     ``first_alarm_min``: per link, the bin index of its first alarm, or −1; shape (n_links,).
     ``alarm_count``: per link, the number of alarm bins; shape (n_links,).
     ``total_errors``: errors generated (a check on the rate profile).
+    ``counted_link_minutes``: known (non-NaN) link-minutes from ``count_from_min`` on, the
+    exposure the alarm counts are over (an output of the run).
     """
 
     n_links: int
@@ -187,6 +190,7 @@ class HarnessResult:
     first_alarm_min: npt.NDArray[np.int64]
     alarm_count: npt.NDArray[np.int64]
     total_errors: int
+    counted_link_minutes: int = 0
 
     @property
     def link_days(self) -> float:
@@ -218,8 +222,14 @@ def iter_counts(
     seed: int = 0,
     max_chunk_elements: int = DEFAULT_MAX_CHUNK_ELEMENTS,
     link_block: int = DEFAULT_LINK_BLOCK,
+    dispersion: float = 1.0,
+    scale: npt.NDArray[np.float64] | None = None,
+    unknown_min: Sequence[int] = (),
 ) -> Iterator[CountChunk]:
-    """Stream Poisson counts for ``n_links`` × ``n_minutes`` under ``profile``.
+    """Stream counts for ``n_links`` × ``n_minutes`` under ``profile``: Poisson, or with
+    ``dispersion`` φ > 1 negative binomial (gamma-Poisson) with variance/mean φ in every bin.
+    ``scale`` (n_links,) multiplies each link's profile (links with their own baselines);
+    minutes in ``unknown_min`` are unknown bins (NaN: a counter reset; counts then float64).
 
     Yields link block after link block (``link_block`` links each, the last one shorter);
     within a block, minute chunks in time order, each holding at most
@@ -232,6 +242,12 @@ def iter_counts(
     n_minutes = _check_int("n_minutes", n_minutes, 1)
     max_chunk_elements = _check_int("max_chunk_elements", max_chunk_elements, 1)
     link_block = _check_int("link_block", link_block, 1)
+    if not (math.isfinite(dispersion) and dispersion >= 1.0):
+        raise ValueError(f"dispersion must be >= 1 (got {dispersion})")
+    if scale is not None and (np.shape(scale) != (n_links,) or not (
+            np.isfinite(scale) & (np.asarray(scale) > 0)).all()):
+        raise ValueError(f"scale must have shape ({n_links},) with finite values > 0")
+    unknown = np.asarray(sorted(set(unknown_min)), dtype=np.int64)
     for b, l0 in enumerate(range(0, n_links, link_block)):
         l1 = min(l0 + link_block, n_links)
         width = l1 - l0
@@ -240,8 +256,20 @@ def iter_counts(
         for m0 in range(0, n_minutes, step):
             m = min(step, n_minutes - m0)
             lam = profile.bin_means(m0, m)[:, None]
+            if scale is not None:
+                lam = lam * scale[None, l0:l1]
+            if dispersion > 1.0:  # gamma mixing: mean lam, variance/mean dispersion
+                shape = lam / (dispersion - 1.0)
+                lam = rng.gamma(np.maximum(shape, 1e-12), dispersion - 1.0,
+                                size=(m, width))
             counts = rng.poisson(lam, size=(m, width))  # time-major: C-order rows are minutes
-            yield CountChunk(l0, l1, m0, counts.T)
+            sel = unknown[(unknown >= m0) & (unknown < m0 + m)] - m0
+            if sel.size:
+                fc = counts.astype(np.float64)
+                fc[sel] = np.nan
+                yield CountChunk(l0, l1, m0, fc.T)
+            else:
+                yield CountChunk(l0, l1, m0, counts.T)
 
 
 def run(
@@ -253,8 +281,13 @@ def run(
     seed: int = 0,
     max_chunk_elements: int = DEFAULT_MAX_CHUNK_ELEMENTS,
     link_block: int = DEFAULT_LINK_BLOCK,
+    dispersion: float = 1.0,
+    scale: npt.NDArray[np.float64] | None = None,
+    unknown_min: Sequence[int] = (),
+    count_from_min: int = 0,
 ) -> HarnessResult:
-    """Feed `iter_counts` chunks to one detector per link block and tally its alarms.
+    """Feed `iter_counts` chunks to one detector per link block and tally its alarms
+    (``alarm_count`` counts alarms from minute ``count_from_min`` on: after a warm-up).
 
     Raises:
         ValueError: bad sizes (as `iter_counts`), or a detector returning an array of the
@@ -263,15 +296,19 @@ def run(
     first = np.full(_check_int("n_links", n_links, 1), -1, dtype=np.int64)
     count = np.zeros(n_links, dtype=np.int64)
     total_errors = 0
+    counted = 0
     detector: ChunkDetector | None = None
     block_start = -1
     for ch in iter_counts(profile, n_links, n_minutes, seed=seed,
-                          max_chunk_elements=max_chunk_elements, link_block=link_block):
+                          max_chunk_elements=max_chunk_elements, link_block=link_block,
+                          dispersion=dispersion, scale=scale, unknown_min=unknown_min):
         if ch.link_start != block_start:
             detector = detector_factory(ch.link_stop - ch.link_start)
             block_start = ch.link_start
         assert detector is not None
-        total_errors += int(ch.counts.sum())
+        total_errors += int(np.nansum(ch.counts))
+        tail = ch.counts[:, max(0, count_from_min - ch.minute_start):]
+        counted += int(tail.size if tail.dtype.kind in "ui" else np.isfinite(tail).sum())
         alarms = detector(ch.counts, ch.minute_start)
         if alarms is None:
             continue
@@ -284,10 +321,13 @@ def run(
         if not hit.any():
             continue
         sl = slice(ch.link_start, ch.link_stop)
-        count[sl] += alarms.sum(axis=1)
+        if ch.minute_start >= count_from_min:
+            count[sl] += alarms.sum(axis=1)
+        else:
+            count[sl] += alarms[:, max(0, count_from_min - ch.minute_start):].sum(axis=1)
         where = np.flatnonzero(hit & (first[sl] < 0))
         first[ch.link_start + where] = ch.minute_start + alarms[where].argmax(axis=1)
-    return HarnessResult(n_links, int(n_minutes), first, count, total_errors)
+    return HarnessResult(n_links, int(n_minutes), first, count, total_errors, counted)
 
 
 def detection_delays_min(
@@ -334,7 +374,7 @@ class PoissonCusum:
         self.s = np.zeros(_check_int("n_links", n_links, 1))
 
     def __call__(
-        self, counts: npt.NDArray[np.int64], minute_start: int
+        self, counts: npt.NDArray[np.int64] | npt.NDArray[np.float64], minute_start: int, /
     ) -> npt.NDArray[np.bool_]:
         """Advance over ``counts`` (links, minutes); returns alarms of the same shape."""
         if counts.ndim != 2 or counts.shape[0] != self.s.shape[0]:

@@ -8,8 +8,9 @@ registers (or coils) and delivered to ``on_write(point, value)``.
 
 What a request sees, in this order (the Modbus spec's own order: quantity, then address):
 
-1. blackhole (`ModbusFace.blackhole`): the request is read and dropped, no reply, the TCP
-   connection stays open: a half-open link (FIELD-CASES BR-07); writes are not applied;
+1. blackhole (`ModbusFace.blackhole`, or the request's unit in `ModbusFace.silent_units`):
+   the request is read and dropped, no reply, the TCP connection stays open: a half-open
+   link (FIELD-CASES BR-07), or one dead unit behind a gateway; writes are not applied;
 2. reply delay (`ModbusFace.reply_delay_s`): the reply waits, per request, concurrently;
 3. an injected exception for the whole unit (`inject_exception` without ``address``):
    e.g. 10/11 from a gateway, 6 busy (BR-04);
@@ -21,7 +22,11 @@ What a request sees, in this order (the Modbus spec's own order: quantity, then 
    (the "gap" of BR-05);
 8. writes: only whole writable points (else 2 for a non-writable or unimplemented address, 3
    for part of a multi-register point); a value outside [write_min, write_max], or a sentinel
-   or NaN, is refused with 3 and changes nothing.
+   or NaN, is refused with 3 and changes nothing;
+9. writes: the face's `ModbusFace.admit_write` hook (the simulated CDU's controller-epoch
+   gate, `sims.epoch_gate`) sees the decoded write with the TCP connection it came on
+   (`FaceWrite.connection`, numbered from 1 per face in accept order) and may refuse it with
+   an exception code; nothing changes then.
 
 pymodbus details measured on 3.16.1 that shaped this module:
 
@@ -42,6 +47,7 @@ pymodbus details measured on 3.16.1 that shaped this module:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
@@ -78,6 +84,8 @@ _FC_TABLE: Mapping[int, Table] = {
 }
 _READ_FCS = frozenset({1, 2, 3, 4, 23})
 _HANDLER_BUFFER_BYTES = 1 << 16
+# the connection a request came on, set in the request's own task (`_FaceRequestHandler._serve`)
+_CONNECTION: contextvars.ContextVar[int] = contextvars.ContextVar("face_connection", default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +97,22 @@ class FaceRequest:
     address: int | None
     count: int | None
     transaction_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class FaceWrite:
+    """A client write the face is about to apply (`ModbusFace.admit_write`).
+
+    Attributes:
+        connection: the TCP connection it came on (1, 2, ... per face, in accept order).
+        unit: the unit id written.
+        points: ``(point name, engineering value, raw registers)`` of every point written,
+            in address order.
+    """
+
+    connection: int
+    unit: int
+    points: tuple[tuple[str, float, tuple[int, ...]], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +169,7 @@ class _FaceRequestHandler(ServerRequestHandler):
         super().__init__(owner, owner.trace_packet, owner.trace_pdu, owner.trace_connect)
         self._face = owner.face
         self.max_buffer_size = _HANDLER_BUFFER_BYTES
+        self.connection_id = owner.face.connections  # counted before the handler is made
 
     def callback_data(self, data: bytes, addr: tuple[Any, ...] | None = None) -> int:
         used_total = 0
@@ -170,8 +195,9 @@ class _FaceRequestHandler(ServerRequestHandler):
 
     async def _serve(self, pdu: ModbusPDU, addr: tuple[Any, ...] | None) -> None:
         face = self._face
+        _CONNECTION.set(self.connection_id)  # this task's own context
         face._record(pdu)
-        if face.blackhole:
+        if face.blackhole or pdu.dev_id in face.silent_units:
             return
         if face.reply_delay_s > 0:
             await asyncio.sleep(face.reply_delay_s)
@@ -197,6 +223,7 @@ class _FaceServer(ModbusTcpServer):
         super().__init__(context, address=address)
 
     def callback_new_connection(self) -> ServerRequestHandler:
+        self.face.connections += 1
         return _FaceRequestHandler(self)
 
 
@@ -211,6 +238,9 @@ class ModbusFace:
         port: TCP port; 0 picks a free one (see `port` after `start`).
         on_write: called as ``on_write(point, value)`` after a client write to a writable
             point was accepted and stored (engineering value, decoded from the map).
+        admit_write: called with each client write (`FaceWrite`) that passed the map's
+            checks, before anything is stored: None admits it, an exception code (1-8, 10,
+            11) refuses it (answered with that code, nothing stored, ``on_write`` not called).
 
     Fault knobs, settable at any time: `blackhole`, `reply_delay_s`,
     `max_registers_per_request`, `inject_exception` / `clear_exceptions`.
@@ -228,6 +258,7 @@ class ModbusFace:
         host: str = "127.0.0.1",
         port: int = 0,
         on_write: Callable[[str, float], None] | None = None,
+        admit_write: Callable[[FaceWrite], int | None] | None = None,
         log: Any = None,
     ) -> None:
         units = tuple(dict.fromkeys(unit_ids))
@@ -240,11 +271,17 @@ class ModbusFace:
         self.host = host
         self._port = port
         self.on_write = on_write
+        self.admit_write = admit_write
         self._log = (log if log is not None else get_logger(__name__)).bind(
             face=regmap.device.name
         )
         #: Half-open link: requests are read and dropped, nothing is answered (BR-07).
         self.blackhole = False
+        #: Units whose requests are read and dropped (a dead unit behind a gateway that does
+        #: not answer 11 for it): the others keep answering on the same connection.
+        self.silent_units: set[int] = set()
+        #: TCP connections accepted since construction (a gateway counts its clients).
+        self.connections = 0
         #: Seconds every reply waits (slow device / link).
         self.reply_delay_s = 0.0
         self._max_registers: int | None = None
@@ -538,6 +575,13 @@ class ModbusFace:
             if not lo - tol <= d.value <= hi + tol:
                 return ExcCodes.ILLEGAL_VALUE
             accepted.append((p, d.value))
+        if self.admit_write is not None:
+            refused = self.admit_write(FaceWrite(
+                _CONNECTION.get(), unit,
+                tuple((p.name, v, tuple(new[a] for a in range(p.address, p.end + 1)))
+                      for p, v in sorted(accepted, key=lambda pv: pv[0].address))))
+            if refused is not None:
+                return ExcCodes(refused)
         store = self._regs[unit][table]
         store.update(new)
         for p, value in accepted:
@@ -557,4 +601,4 @@ class ModbusFace:
         return None
 
 
-__all__ = ["FaceRequest", "ModbusFace"]
+__all__ = ["FaceRequest", "FaceWrite", "ModbusFace"]

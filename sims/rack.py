@@ -27,6 +27,9 @@ REFERENCE §6 item 4 says the vendor values were not retrieved):
 * ramp: the power moves towards the request at ≤ ``ramp_up_w_per_s`` up and ≤
   ``ramp_down_w_per_s`` down (None: immediately); a ramp-down starts only after the request
   has stayed below the power for ``ramp_down_hysteresis_s``;
+* each GPU's own power limit (`NodeAgents.set_gpu_power_limit`, NVML's power management
+  limit; TGP until set) bounds the request like the cap: an external node agent (the real
+  tray agent on the virtual rack, harness.simagent) caps through it;
 * a cap always acts at once: the power never exceeds the enforced cap (NVLink-switch style
   budgets are enforced within ~1 s, REFERENCE §1.3; a cap is a safety limit);
 * a tray powered off draws nothing (GPUs, CPUs); powered on again, it ramps from 0.
@@ -212,6 +215,8 @@ class NodeAgents:
         n = n_trays * gpus_per_tray
         self._settings = [NodeAgentSettings() for _ in range(n_trays)]
         self._cap = np.full(n, tgp_w)
+        self._hw_limit = np.full(n, tgp_w)  # per-GPU power limit (NVML's), W
+        self._eff = self._cap.copy()  # min(agent cap, hardware limit)
         self._floor = np.zeros(n)
         self._up = np.full(n, math.inf)
         self._down = np.full(n, math.inf)
@@ -227,6 +232,7 @@ class NodeAgents:
         self._epoch: list[int | None] = [None] * n_trays
         self._cap_expires_s = np.full(n_trays, math.inf)  # agent time the caps expire
         self.expired_caps = 0  # trays whose caps expired (counted per expiry)
+        self.stale_refused = 0  # commands refused for an epoch older than the newest seen
 
     @property
     def version(self) -> int:
@@ -298,6 +304,7 @@ class NodeAgents:
         g = slice(k * self.gpus_per_tray, (k + 1) * self.gpus_per_tray)
         cap = self.enforced_gpu_cap_w(settings)
         self._cap[g] = cap
+        self._eff = np.minimum(self._cap, self._hw_limit)
         self._floor[g] = min(cap, settings.power_floor_pct / 100.0 * self.tgp_w)
         self._up[g] = math.inf if settings.ramp_up_w_per_s is None else settings.ramp_up_w_per_s
         self._down[g] = (
@@ -313,6 +320,30 @@ class NodeAgents:
         self._version += 1
         return old
 
+    def set_gpu_power_limit(self, gpu: int, watts: float) -> None:
+        """Set GPU ``gpu``'s own power limit (what NVML's ``nvmlDeviceSetPowerManagementLimit``
+        sets on a real GPU, W): the GPU never draws more, whatever the agent's settings (an
+        external node agent caps the virtual rack through it).
+
+        Raises:
+            ValueError: no such GPU, or ``watts`` not finite and > 0.
+        """
+        if not 0 <= gpu < self._hw_limit.size:
+            raise ValueError(f"gpu {gpu} outside 0..{self._hw_limit.size - 1}")
+        if not (math.isfinite(watts) and watts > 0.0):
+            raise ValueError(f"power limit {watts!r} W is not finite and > 0")
+        self._hw_limit[gpu] = watts
+        self._eff = np.minimum(self._cap, self._hw_limit)
+
+    @property
+    def gpu_power_limit_w(self) -> np.ndarray:
+        """Per-GPU power limits in force (`set_gpu_power_limit`; TGP until set), W (a copy)."""
+        return self._hw_limit.copy()
+
+    def newest_epoch(self, tray: int) -> int | None:
+        """The newest command epoch tray ``tray`` has seen (None: no command yet)."""
+        return self._epoch[self._tray(tray)]
+
     def command(self, trays: list[int], *, epoch: int, changes: dict[str, Any],
                 release: tuple[str, ...] = (), ttl_s: float | None = None) -> None:
         """Apply one contract-v1 command to ``trays`` (all or nothing): ``changes`` (settings
@@ -320,7 +351,8 @@ class NodeAgents:
         ``epoch``; a command setting a cap arms the tray's cap expiry at ``ttl_s``.
 
         Raises:
-            StaleEpoch: ``epoch`` older than the newest seen on one of ``trays``.
+            StaleEpoch: ``epoch`` older than the newest seen on one of ``trays`` (counted in
+                ``stale_refused``, one per command).
             ValueError: no such tray, invalid settings (`validate`), a cap without ``ttl_s``;
                 nothing changes.
         """
@@ -328,6 +360,7 @@ class NodeAgents:
         for k in ks:
             seen = self._epoch[k]
             if seen is not None and epoch < seen:
+                self.stale_refused += 1
                 raise StaleEpoch(f"epoch {epoch} older than {seen}, the newest tray {k} has "
                                  "seen")
         sets_cap = any(f in changes for f in ("power_cap_w", "gpu_power_cap_w"))
@@ -365,7 +398,7 @@ class NodeAgents:
         if request_w is None:
             self._out[:] = 0.0
         else:
-            self._out = np.where(self._powered, np.clip(request_w, self._floor, self._cap), 0.0)
+            self._out = np.where(self._powered, np.clip(request_w, self._floor, self._eff), 0.0)
         self._target = self._out.copy()
         self._below_s[:] = 0.0
 
@@ -380,7 +413,7 @@ class NodeAgents:
         if self._cap_expires_s.min() <= self._t_s + 1e-9:
             self._expire()
         self._demand = demand_w
-        target = np.minimum(np.maximum(demand_w, self._floor), self._cap)
+        target = np.minimum(np.maximum(demand_w, self._floor), self._eff)
         target *= self._powered
         self._target = target
         if not self._limited:
@@ -394,7 +427,7 @@ class NodeAgents:
         step = np.clip(d, -self._down * dt, self._up * dt)
         step[hold] = 0.0
         out = out + step
-        out = np.minimum(out, self._cap)  # a cap acts at once
+        out = np.minimum(out, self._eff)  # a cap acts at once
         out[~self._powered] = 0.0
         self._out = out
         return out.copy()

@@ -47,6 +47,7 @@ from pydantic import Field
 
 from rackplane.config import StrictModel
 from sims.cdu import CduParams, CduPlant, CduTruth, RackThermal
+from sims.cdu.params import ROW_SCALED_FIELDS
 from sims.environment import Environment, EnvironmentParams, EnvironmentState
 from sims.power import PowerShelfParams, PowerShelves, ShelfState
 from sims.rack import ComputeRack, ComputeRackParams, LeakSensors, LeakState, NodeAgents
@@ -246,8 +247,7 @@ class VirtualRow:
         if n_racks != p.cdu.n_racks:
             data = p.cdu.model_dump()
             scale = n_racks / p.cdu.n_racks
-            for k in ("design_flow_lps", "max_flow_lps", "hx_ua_kw_per_k",
-                      "facility_max_flow_lps", "pump_power_full_speed_w"):
+            for k in ROW_SCALED_FIELDS:
                 data[k] *= scale
             data["n_racks"] = n_racks
             p = p.model_copy(update={"cdu": CduParams.model_validate(data)})
@@ -489,7 +489,10 @@ class VirtualRow:
 
 
 class VirtualRack(VirtualRow):
-    """One virtual rack with its own CDU share (a `VirtualRow` of one rack).
+    """One virtual rack with its own CDU share (a `VirtualRow` of one rack), or the first
+    rack of a row CDU when ``params.cdu.n_racks`` > 1 (the ``racks_N`` plant variants of
+    `sims.cdu.variants`: the other racks are ``racks[1:]``, idle until their workloads are
+    set; the shortcuts below are rack 0's).
 
     Args:
         params: `VirtualRackParams`.
@@ -509,10 +512,14 @@ class VirtualRack(VirtualRow):
         seed: int = 0,
         fabric: FabricMode | None = None,
     ) -> None:
-        super().__init__(
-            params, 1, seed=seed, workloads=None if workload is None else [workload],
-            fabric=fabric,
-        )
+        p = params if params is not None else VirtualRackParams()
+        n = p.cdu.n_racks
+        rp = p.cdu.rack
+        wls: list[Workload] | None = None
+        if workload is not None:
+            wls = [workload] + [IdleWorkload(rp.n_trays * rp.gpus_per_tray, seed=seed + i)
+                                for i in range(1, n)]
+        super().__init__(p, n, seed=seed, workloads=wls, fabric=fabric)
 
     @property
     def rack(self) -> RackSide:

@@ -5,7 +5,10 @@ the monotonic clock. After each step:
 
 * the CDU's readings are served by a Modbus TCP face built from ``cdu-generic`` (the register
   map valvey reads; client writes: valve command, pump speed, heartbeat, local setpoint go
-  into the plant), on ``modbus_port`` / ``unit_id``;
+  into the plant), on ``modbus_port`` / ``unit_id``; every write passes the controller-epoch
+  gate first (`sims.epoch_gate`: a controller of a pair claims its epoch on its connection,
+  a write on a connection with an older claim, or none once an epoch is held, is refused
+  with exception 1 and counted), `epoch_gate`;
 * the power shelves are served by a second face from ``power-shelf``, one unit id per shelf
   (default 1..8), on ``shelf_modbus_port`` (0: a free port, see ``state/faces``);
 * with a broker configured, once per ``telemetry_interval_s`` (1 s): ``telemetry/plant``
@@ -32,7 +35,8 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +53,7 @@ from rackplane.io.mqtt import MqttLink
 from rackplane.io.service import TickStats, run_ticker
 from rackplane.log import get_logger
 from rackplane.settings import CommandSettings, Identity, MqttSettings
+from sims.epoch_gate import EPOCH_POINT, EpochGate
 from sims.modbus_face import ModbusFace
 from sims.row import VirtualRack
 from sims.scenario import ModbusFaultState, Scenario, ScenarioRun
@@ -200,6 +205,13 @@ class VirtualRackSimulator:
         link_ports: include every GPU's link ports in ``telemetry/trayNN``.
         commands: roles for the node-agent commands (default: every broker user is
             ``automation``, so racky and any lab tool may command the agents).
+        node_agents: ``sim`` (default): the simulator's own node agents publish
+            ``telemetry/trayNN`` and take ``set_power_limits``; ``external``: neither (a real
+            tray agent reads the trays in this process through `step_hooks` and caps the GPUs'
+            power limits, `sims.rack.NodeAgents.set_gpu_power_limit`; harness.simagent).
+
+    ``step_hooks``: callables ``hook(rack, now_mono)`` run after every plant step (in the
+    loop, synchronously; they must be quick).
 
     Raises:
         ValueError: ``model="cdu"`` for a scenario that needs the rack, bad unit ids.
@@ -226,6 +238,7 @@ class VirtualRackSimulator:
         telemetry_interval_s: float = 1.0,
         link_ports: bool = True,
         commands: CommandSettings | None = None,
+        node_agents: Literal["sim", "external"] = "sim",
     ):
         self.scenario = scenario
         self.run_ = ScenarioRun(scenario, model=model)
@@ -234,12 +247,19 @@ class VirtualRackSimulator:
         self.log = get_logger("sims.rack", scenario=scenario.name)
         self.regmap = register_map or load_register_map("cdu-generic")
         self._points = {p.name for p in self.regmap.points}
+        # the controller-epoch fence on the Modbus face (sims.epoch_gate), when the map has
+        # the register block
+        self.epoch_gate: EpochGate | None = None
+        if EPOCH_POINT in self.regmap.by_name:
+            self.epoch_gate = EpochGate(lambda: self.run_.plant.fence, self.regmap,
+                                        now=clock.monotonic, log=self.log)
         self.face = ModbusFace(
             self.regmap,
             unit_ids=(unit_id,),
             host=modbus_host,
             port=modbus_port,
             on_write=self._on_write,
+            admit_write=self.epoch_gate.admit if self.epoch_gate is not None else None,
         )
         self.shelf_face: ModbusFace | None = None
         self.shelf_regmap: RegisterMap | None = None
@@ -265,9 +285,9 @@ class VirtualRackSimulator:
                 commands or CommandSettings(default_role="automation"),
                 clock=clock,
             )
-            self.router.register(
-                "set_power_limits", SetPowerLimitsArgs, self._set_power_limits, role="automation"
-            )
+            if node_agents == "sim":
+                self.router.register("set_power_limits", SetPowerLimitsArgs,
+                                     self._set_power_limits, role="automation")
             self.router.register(
                 "get_power_limits", GetPowerLimitsArgs, self._get_power_limits, role="reader"
             )
@@ -276,6 +296,9 @@ class VirtualRackSimulator:
             raise ValueError("telemetry_interval_s must be > 0")
         self.telemetry_interval_s = telemetry_interval_s
         self.link_ports = link_ports
+        self.node_agents = node_agents
+        self.step_hooks: list[Callable[[VirtualRack, float], None]] = []
+        self.tick_cpu_s = 0.0  # CPU time of the plant ticks (step, hooks, faces, publish), s
         self.exit_at_end = exit_at_end
         self.ground_truth_path = ground_truth_path
         self.tick_stats = TickStats()
@@ -291,8 +314,11 @@ class VirtualRackSimulator:
     # --- Modbus -------------------------------------------------------------------------------
 
     def _on_write(self, point: str, value: float) -> None:
+        gate = self.epoch_gate
         try:
-            self.run_.plant.write(point, value)
+            # the epoch the face's gate admitted this write with (the plant's fence agrees)
+            self.run_.plant.write(point, value,
+                                  epoch=gate.current_epoch if gate is not None else None)
         except WriteRejected as err:
             self.rejected_writes += 1
             self.log.warning("plant_write_rejected", point=point, value=value, error=str(err))
@@ -311,6 +337,8 @@ class VirtualRackSimulator:
         readings = self.run_.plant.readings()
         self._update(self.face, self.regmap, {k: v for k, v in readings.items()
                                               if k in self._points})
+        if self.epoch_gate is not None:
+            self.epoch_gate.serve(self.face)
         local = bool(readings.get("local_control", 0.0))
         if local != self._local:
             self._local = local
@@ -376,6 +404,13 @@ class VirtualRackSimulator:
     # --- ticking and publishing ---------------------------------------------------------------
 
     def _tick(self, now: float, done: asyncio.Event) -> None:
+        c0 = time.thread_time()
+        try:
+            self._tick_body(now, done)
+        finally:
+            self.tick_cpu_s += time.thread_time() - c0
+
+    def _tick_body(self, now: float, done: asyncio.Event) -> None:
         run = self.run_
         if run.done and not self._announced_end:
             self._announced_end = True
@@ -384,6 +419,9 @@ class VirtualRackSimulator:
             if self.exit_at_end:
                 done.set()
         run.step(SIM_DT_S)  # past the end: the scenario's last inputs, no new faults
+        if self.rack is not None:
+            for hook in self.step_hooks:
+                hook(self.rack, now)
         self.apply_protocol()
         self.serve()
         if self.mqtt is not None and now >= self._next_publish:
@@ -403,8 +441,9 @@ class VirtualRackSimulator:
             if pr.publishing("rack"):
                 self.mqtt.publish_telemetry("rack", rack_payload(vr, ident, ts))
             if pr.publishing("trays"):
-                for thing, payload in tray_payloads(vr, ident, ts, ports=self.link_ports):
-                    self.mqtt.publish_telemetry(thing, payload)
+                if self.node_agents == "sim":
+                    for thing, payload in tray_payloads(vr, ident, ts, ports=self.link_ports):
+                        self.mqtt.publish_telemetry(thing, payload)
                 self.mqtt.publish_telemetry("truth", truth_payload(vr, ident, ts))
             if pr.publishing("power"):
                 self.mqtt.publish_telemetry("power", power_payload(vr, ident, ts))

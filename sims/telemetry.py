@@ -48,22 +48,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from rackplane.commands import CommandArgs
+from rackplane.commands import CommandArgs, args_refusal_code
 from rackplane.core.tray_contract import (
-    CAP_FIELDS,
-    COMMAND_TTL_MAX_S,
-    COMMAND_TTL_MIN_S,
     SCHEMA_VERSION,
     AgentTelemetry,
     GpuTelemetry,
     PortBlock,
     TrayTelemetry,
+    no_null_defaults,
 )
+from rackplane.core.tray_contract import SetPowerLimitsArgs as ContractSetPowerLimitsArgs
 from rackplane.errors import CommandError
 from rackplane.schemagen import schema_documents_of, stale_documents, write_documents
 from rackplane.settings import Identity
@@ -321,20 +320,14 @@ class NodeAgentsState(_Payload):
     model_config = ConfigDict(title="sim state/node_agents")
 
     trays: list[AgentSettingsItem]
+    stale_refused: int = Field(ge=0, description="commands the agents refused since the start "
+                               "for an epoch older than the newest seen (stale_epoch)")
 
 
 # --- commands ----------------------------------------------------------------------------------
 
 
-def _no_null_defaults(schema: dict[str, Any]) -> None:
-    """Drop ``"default": null`` from the properties of a model whose optional fields may be
-    left out but never be null (a null default would read as "null allowed")."""
-    for prop in schema.get("properties", {}).values():
-        if prop.get("default", 0) is None:
-            del prop["default"]
-
-
-class SetPowerLimitsArgs(CommandArgs):
+class SetPowerLimitsArgs(ContractSetPowerLimitsArgs):
     """``set_power_limits`` (node-agent contract v1, docs/CONTRACTS.md): node-agent settings
     for ``trays`` (all or nothing). A field left out keeps its value; ``null`` is never a
     value (refused): a cap or ramp limit is removed by naming it in ``release``. Every command
@@ -345,50 +338,9 @@ class SetPowerLimitsArgs(CommandArgs):
     `sims.rack.NodeAgentSettings` (per-GPU watts and W/s, NVML power-smoothing knobs,
     REFERENCE §1.3)."""
 
-    # validate_default off: a field left out is None (absent), never a value; a null sent is
-    # refused by the field's type
     model_config = ConfigDict(strict=True, title="sim set_power_limits args (node-agent "
-                              "contract v1)", json_schema_extra=_no_null_defaults,
+                              "contract v1)", json_schema_extra=no_null_defaults,
                               validate_default=False)
-
-    schema_version: str = Field(pattern=r"^1\.(0|[1-9][0-9]{0,5})$",
-                                description="contract version, MAJOR.MINOR (major 1)")
-    trays: list[int] = Field(min_length=1, max_length=64, description="0-based tray indices")
-    epoch: int = Field(ge=0, le=2**63 - 1, description="the sender's epoch: grows with every "
-                       "start of the sender (racky: its start time, ms since the Unix epoch)")
-    ttl_s: float = Field(None, ge=COMMAND_TTL_MIN_S, le=COMMAND_TTL_MAX_S,  # type: ignore[assignment]
-                         allow_inf_nan=False, description="the caps set expire this long "
-                         "after the agent applied the command, s (required with a cap)")
-    power_cap_w: float = Field(None, gt=0, allow_inf_nan=False,  # type: ignore[assignment]
-                               description="whole-tray cap, W")
-    gpu_power_cap_w: float = Field(None, gt=0, allow_inf_nan=False,  # type: ignore[assignment]
-                                   description="per-GPU cap, W")
-    power_floor_pct: float = Field(None, ge=0, le=100,  # type: ignore[assignment]
-                                   allow_inf_nan=False, description="per-GPU floor, % of TGP")
-    ramp_up_w_per_s: float = Field(None, gt=0, allow_inf_nan=False,  # type: ignore[assignment]
-                                   description="per-GPU ramp-up limit, W/s")
-    ramp_down_w_per_s: float = Field(None, gt=0, allow_inf_nan=False,  # type: ignore[assignment]
-                                     description="per-GPU ramp-down limit, W/s")
-    ramp_down_hysteresis_s: float = Field(None, ge=0, le=3600,  # type: ignore[assignment]
-                                          allow_inf_nan=False, description="hold before "
-                                          "ramp-down, s")
-    powered: bool = Field(None, description="tray power on/off")  # type: ignore[assignment]
-    release: list[Literal["power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s",
-                          "ramp_down_w_per_s"]] = Field(
-        default_factory=list, max_length=4,
-        description="limits to remove (no cap / no ramp limit); never also set in the command")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> SetPowerLimitsArgs:
-        given = self.model_fields_set
-        if len(set(self.release)) != len(self.release):
-            raise ValueError("release names a limit twice")
-        both = sorted(set(self.release) & given)
-        if both:
-            raise ValueError(f"{both} both set and released")
-        if given & set(CAP_FIELDS) and "ttl_s" not in given:
-            raise ValueError("a cap needs ttl_s")
-        return self
 
     def changes(self) -> dict[str, Any]:
         """The settings fields this command sets (field -> value)."""
@@ -651,14 +603,15 @@ def apply_power_limits(vr: VirtualRack, args: SetPowerLimitsArgs | Mapping[str, 
     ``ttl_s``. ``args``: the model, or the wire args as a dict (validated strictly).
 
     Raises:
-        CommandError: ``invalid_args`` (not the contract), ``unknown_tray``, ``stale_epoch``,
+        CommandError: the router's code of the args' problem (`args_refusal_code`:
+            ``wrong_type``, ``non_finite``, ``invalid_args``), ``unknown_tray``, ``stale_epoch``,
             ``out_of_range`` (settings an agent refuses); nothing changes then.
     """
     if not isinstance(args, SetPowerLimitsArgs):
         try:
             args = SetPowerLimitsArgs.model_validate(dict(args), strict=True)
         except ValidationError as err:
-            raise CommandError("invalid_args", str(err).splitlines()[0] + ": "
+            raise CommandError(args_refusal_code(err), str(err).splitlines()[0] + ": "
                                + "; ".join(e["msg"] for e in err.errors())) from None
     n = vr.compute.n_trays
     bad = [t for t in args.trays if not 0 <= t < n]
@@ -750,7 +703,7 @@ def node_agents_payload(vr: VirtualRack, trays: Sequence[int] | None = None) -> 
             "enforced_gpu_cap_w": cap,
             "enforced_tray_cap_w": cap * ag.gpus_per_tray * (1.0 + ag.other_share),
         })
-    return {"trays": out}
+    return {"trays": out, "stale_refused": ag.stale_refused}
 
 
 # --- schemas -----------------------------------------------------------------------------------

@@ -8,6 +8,12 @@ it reads the latest samples, calls `ValveyCore.step`, hands output writes to the
 owner task (one in flight per point, the newest value wins), and queues state, alarms and
 telemetry. READY goes out after the first tick; the watchdog is fed by the tick.
 
+One instance of a redundant pair (``[leadership] enabled = true``, issue 15; the frame runs
+the lease): only while active does it write the CDU, claiming its epoch there first
+(`valvey.pair.EpochClaimer`), answer commands, and publish the daemon's shared state, alarms,
+telemetry and requests to racky; as standby its core runs in shadow (reads the CDU, computes,
+writes and publishes nothing but ``status/<instance>`` and ``state/pair_<instance>``).
+
 Shutdown (SIGTERM): the tick stops, the outputs get their declared stop writes (bounded by
 ``control.stop_budget_s``), ``stopping`` is published, the spool is fsynced and drained within
 ``tsdb.stop_budget_s``; what is left goes after restart.
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +32,7 @@ from typing import Any, Unpack
 
 from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.core.alarms import AlarmEvent
+from rackplane.core.envelope import alarm_payload
 from rackplane.core.registers import RegisterMap, load_register_map
 from rackplane.core.samples import Sample
 from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask, ReloadOutcome
@@ -38,14 +46,18 @@ from rackplane.io.selfmetrics import (
 )
 from rackplane.io.spool import check_spool_config
 from rackplane.io.statefile import StateFileError
-from rackplane.settings import effective_spool, environment_checks
+from rackplane.settings import environment_checks, spool_folder
 from valvey.commands import VALVEY_OUTPUTS, register_valvey_commands
 from valvey.config import ValveyConfig, check_points_against_map
+from valvey.pair import EpochClaimer
 from valvey.persist import (
     CommandState,
+    LearnedState,
     apply_command_state,
+    apply_learned,
     open_state_file,
     state_file_path,
+    sync_command_state,
 )
 from valvey.tick import Publish, TickEffects, ValveyTick
 
@@ -71,15 +83,17 @@ def load_valvey_config(path: str | os.PathLike[str] | None) -> tuple[ValveyConfi
         raise ConfigError(f"cdu.register_map: {err}", problems=[f"cdu.register_map: {err}"]) \
             from None
     check_points_against_map(cfg, regmap)
-    check_environment(environment_checks(cfg.mqtt, cfg.tsdb))
+    check_environment({**environment_checks(cfg.mqtt, cfg.tsdb),
+                       **cfg.leadership.environment_checks()})
     if cfg.mqtt.tls is not None:
         for key in ("ca_file", "cert_file", "key_file"):
             f = getattr(cfg.mqtt.tls, key)
             if f is not None and not Path(f).is_file():
                 msg = f"mqtt.tls.{key}: {f} is not a readable file"
                 raise ConfigError(f"invalid configuration:\n  {msg}", problems=[msg])
-    check_writable_dir("spool.directory", effective_spool(cfg.spool).directory)
-    check_spool_config("spool.directory", effective_spool(cfg.spool).directory)
+    spool_dir = spool_folder(cfg.spool, daemon="valvey", identity=cfg.identity)
+    check_writable_dir("spool.directory", spool_dir)
+    check_spool_config("spool.directory", spool_dir)
     check_writable_dir("control.state_file",
                        state_file_path(cfg.control.state_file, cfg.spool,
                                        cfg.identity.rack).parent)
@@ -179,8 +193,20 @@ class Valvey(DaemonFrame[ValveyConfig]):
         self.latest = self.valvey_tick.latest
         self.device = ModbusDevice(cfg.cdu, regmap, clock=clock, on_samples=self._on_samples)
         self.outputs = OutputWriter(self.device, cfg.control.write_timeout_s, self.log)
+        # one of a pair: the epoch claim at the CDU before any other write (valvey.pair)
+        self.claimer: EpochClaimer | None = None
+        if self.leadership_settings() is not None and cfg.points.controller_epoch:
+            self.claimer = EpochClaimer(self.device, cfg.points.controller_epoch, self.outputs,
+                                        cfg.control.write_timeout_s, self.log)
+        self.standby_withheld_writes = 0  # writes the standby's shadow core computed
+        self._sync_refused: str | None = None
+        self._sync_superseded: list[str] = []
+        self._synced_learned: LearnedState | None = None
         # The setpoint and loop mode set by command survive a restart (valvey.persist).
-        self._owner = f"{ident.site}/{ident.rack}"
+        # the owner names the rack whole (site/row/rack): racks of one name in two rows must
+        # never take each other's setpoint, manual output or learned valve map
+        self._owner = f"{ident.site}/{ident.row}/{ident.rack}"
+        self._legacy_owner = f"{ident.site}/{ident.rack}"  # files saved before the row was in
         self.statefile = open_state_file(
             state_file_path(cfg.control.state_file, cfg.spool, ident.rack), log=self.log)
         self._saved_state: CommandState | None = self._restore_command_state()
@@ -255,16 +281,26 @@ class Valvey(DaemonFrame[ValveyConfig]):
     def tick(self, now: float) -> None:
         """The control tick (the frame adds self-metrics, the watchdog and READY):
         `ValveyTick.step`, leases, its effects applied, the command state saved."""
+        if self.role == "standby":
+            self._track_cdu()
         fx = self.valvey_tick.step(now, self.clock.wall_ns(),
                                    telemetry_alarm_conditions(self.writer.stats))
-        self.leases.tick(now, dict(fx.interlocks))
+        if self.is_active:
+            self.leases.tick(now, dict(fx.interlocks))
+        else:  # a pair's standby: the same lease rules, nothing published (the active's)
+            self.leases.table.set_interlocks(dict(fx.interlocks))
+            self.leases.table.expire(now)
+            self.leases.table.drain_events()
         self._apply(fx)
         self._persist_tick(now)
-        if fx.state_published:
+        if fx.state_published and self.is_active:
             self.mqtt.publish_state("health", self.health())
 
     def modbus_devices(self) -> Sequence[ModbusDevice]:
         return (self.device,)
+
+    def input_invalid_samples(self) -> int:
+        return self.core.inputs.invalid_samples
 
     def ready_status(self) -> tuple[str, Mapping[str, Any]]:
         loop = self.core.loop
@@ -283,7 +319,7 @@ class Valvey(DaemonFrame[ValveyConfig]):
             return None
         try:
             saved = CommandState.from_data(data)
-            if saved.owner != self._owner:
+            if saved.owner not in (self._owner, self._legacy_owner):
                 raise ValueError(f"saved by {saved.owner!r}, this valvey is {self._owner!r} "
                                  "(set control.state_file per daemon)")
         except ValueError as err:
@@ -293,6 +329,10 @@ class Valvey(DaemonFrame[ValveyConfig]):
                            effect="starting from the configuration")
             return None
         restored, superseded = apply_command_state(self.core.loop, self.cfg.supply_loop, saved)
+        if saved.learned is not None:  # what the controller learned of its plant (issue 21)
+            got, dropped = apply_learned(self.core, saved.learned)
+            restored += got
+            superseded += dropped
         if restored:
             self.log.info("command_state_restored", restored=restored,
                           setpoint_c=self.core.loop.setpoint_c, shadow=self.core.loop.shadow,
@@ -304,10 +344,15 @@ class Valvey(DaemonFrame[ValveyConfig]):
                              note="the configuration's values apply")
         return saved
 
+    def _command_state(self) -> CommandState:
+        """What is saved now: the command state and what the core learned."""
+        return CommandState.of(self._owner, self.core.loop, self.cfg.supply_loop,
+                               LearnedState.of(self.core))
+
     def _persist_tick(self, now: float) -> None:
         """Save the command state when it changed (one save in flight, off the event loop;
         a failing save is logged once per change and retried every 10 s)."""
-        cur = CommandState.of(self._owner, self.core.loop, self.cfg.supply_loop)
+        cur = self._command_state()
         if cur == self._saved_state or self._save_task is not None or now < self._save_retry_at:
             return
         self._save_task = asyncio.get_running_loop().create_task(self._save_state(cur, now))
@@ -332,7 +377,7 @@ class Valvey(DaemonFrame[ValveyConfig]):
 
     def _save_state_now(self) -> None:
         """At shutdown: a last synchronous save when the state changed since the last one."""
-        cur = CommandState.of(self._owner, self.core.loop, self.cfg.supply_loop)
+        cur = self._command_state()
         if cur == self._saved_state:
             return
         try:
@@ -344,15 +389,104 @@ class Valvey(DaemonFrame[ValveyConfig]):
     def pv_age_s(self, now: float) -> float | None:
         """Age of the supply temperature the loop controls on (``points.supply_temp``), s;
         None before the first read. Redundant sensors dropped from the vote are alarms of
-        their own (``supply_sensor_fault.*``), not PV age."""
+        their own (``supply_sensor_fault:*``), not PV age."""
         return pv_age_s([self.latest.get(self.cfg.points.supply_temp)], now)
+
+    def _submit_writes(self, writes: Sequence[tuple[str, float]]) -> None:
+        """Writes to the CDU's owner task; one of a pair: only while active (the standby
+        counts them), behind the epoch claim."""
+        if not writes and not (self.claimer is not None and self.claimer.held):
+            return  # (held writes: their claim is tried again below)
+        epoch = self.controller_epoch
+        if not self.is_active or (self.role is not None and epoch == 0):
+            self.standby_withheld_writes += len(writes)
+        elif self.claimer is not None:
+            self.claimer.route(epoch, writes)
+        else:
+            for point, value in writes:
+                self.outputs.submit(point, value)
+
+    # -- one of a pair: the state sync (rackplane.pair) --------------------------------------
+
+    def sync_state(self) -> dict[str, Any]:
+        """valvey's part of the pair's sync record: ``command`` (the state file's ``data``:
+        setpoint, shadow, manual output, learned state) and ``command_pct`` (the supply
+        loop's output now, %, None before it has one)."""
+        return {"command": self._command_state().data(),
+                "command_pct": self.core.loop.command_pct}
+
+    def _track_cdu(self) -> None:
+        """A pair's standby: its loop continues from the valve demand the CDU holds (the
+        active valve's command register, else its position feedback: what the active
+        wrote), so its shadow never runs ahead of the valve while nobody writes (the active
+        dead, the lease not yet expired) and its first write as active is bumpless."""
+        rb = self.core.readback_pct(self.latest)
+        if rb is not None and math.isfinite(rb) and rb != self.core.loop.command_pct:
+            self.core.loop.track_applied(rb)
+
+    def apply_sync_state(self, state: Mapping[str, Any], now: float) -> None:
+        """The standby follows the active: its command state by `sync_command_state`,
+        its learned state by `apply_learned` (when it changed), and its shadow loop tracks the
+        active's output (`SupplyLoop.track_applied`), so the first write after a takeover
+        continues from where the valve was sent. A record that does not parse or names
+        another rack is logged once and skipped."""
+        try:
+            synced = CommandState.from_data(dict(state.get("command") or {}))
+            if synced.owner != self._owner:
+                raise ValueError(f"from {synced.owner!r}, this valvey is {self._owner!r}")
+        except ValueError as err:
+            if self._sync_refused != str(err):
+                self._sync_refused = str(err)
+                self.log.error("pair_sync_state_refused", error=str(err))
+            return
+        self._sync_refused = None
+        loop = self.core.loop
+        changed, superseded = sync_command_state(loop, self.cfg.supply_loop, synced)
+        if synced.learned is not None and synced.learned != self._synced_learned:
+            self._synced_learned = synced.learned
+            got, dropped = apply_learned(self.core, synced.learned)
+            changed += got
+            superseded += dropped
+        pct = state.get("command_pct")
+        if isinstance(pct, int | float) and not isinstance(pct, bool) and math.isfinite(pct):
+            loop.track_applied(float(pct))
+        if changed:
+            self.log.info("pair_sync_applied", changed=changed, setpoint_c=loop.setpoint_c,
+                          shadow=loop.shadow, manual_output_pct=loop.manual_target_pct)
+        if superseded and superseded != self._sync_superseded:
+            self.log.warning("pair_sync_superseded", superseded=superseded,
+                             note="this instance's configuration applies")
+        self._sync_superseded = superseded
+
+    def pair_state(self) -> dict[str, Any]:
+        """The frame's ``state/pair_<instance>``, plus ``withheld_writes`` (writes the shadow
+        core computed while standby), ``epoch_claims_ok`` / ``epoch_claims_failed``."""
+        c = self.claimer
+        return {**super().pair_state(), "withheld_writes": self.standby_withheld_writes,
+                "epoch_claims_ok": c.claims_ok if c else 0,
+                "epoch_claims_failed": c.claims_failed if c else 0}
+
+    def on_role_change(self, active: bool) -> None:
+        """Became active: the retained alarms the shadow core holds and the retained states
+        are published now (the frame's reconciliation then clears only what the old active
+        left and this one does not hold). Became standby: the claim is dropped."""
+        super().on_role_change(active)
+        if active:
+            wall = self.clock.wall_ns()
+            for a in self.core.alarms.active():
+                self.mqtt.publish_alarm(a.id, alarm_payload(a, wall))
+            self._publish_state()
+        elif self.claimer is not None:
+            self.claimer.standby()
 
     def _apply(self, fx: TickEffects) -> None:
         """The tick's effects to the adapters: writes to the CDU's owner task, log records,
-        MQTT publishes, time-series lines (never waits)."""
-        for point, value in fx.writes:
-            self.outputs.submit(point, value)
+        MQTT publishes, time-series lines (never waits). A pair's standby applies only its
+        log records."""
+        self._submit_writes(fx.writes)
         self.log_records(fx.logs)
+        if not self.is_active:
+            return
         requests: list[Publish] = []
         mqtt = self.mqtt
         for pub in fx.publishes:
@@ -377,7 +511,8 @@ class Valvey(DaemonFrame[ValveyConfig]):
 
     def _publish_state(self) -> None:
         self._apply(self.valvey_tick.state_effects(self.clock.monotonic(), self.clock.wall_ns()))
-        self.mqtt.publish_state("health", self.health())
+        if self.is_active:
+            self.mqtt.publish_state("health", self.health())
 
     def health(self) -> dict[str, Any]:
         """Self-metrics for the retained ``state/health`` topic."""
@@ -399,9 +534,10 @@ class Valvey(DaemonFrame[ValveyConfig]):
             },
             "output_writes_ok": self.outputs.ok,
             "output_writes_failed": self.outputs.errors,
+            **({"pair": self.pair_state()} if self.role is not None else {}),
             "self": self.selfmetrics.status(),
             "spool": {
-                "directory": str(effective_spool(self.cfg.spool).directory),
+                "directory": str(self.writer.spool_directory),
                 "spooled_lines": w.spooled,
                 "sent_lines": w.sent,
                 "depth_lines": w.depth_lines,
@@ -439,9 +575,12 @@ class Valvey(DaemonFrame[ValveyConfig]):
 
     async def _stop_outputs(self) -> None:
         writes = self.core.stop_writes()
+        if not self.is_active:  # a pair's standby: the active instance keeps the outputs
+            self.log.info("stop_action_standby", note="standby: no stop writes")
+            return
         for point, value in writes:
             self.log.info("stop_action_write", point=point, value=value)
-            self.outputs.submit(point, value)
+        self._submit_writes(writes)
         await self.outputs.drain(self.cfg.control.stop_budget_s)
         if not writes:
             self.log.info("stop_action_hold", note="outputs hold their last value")

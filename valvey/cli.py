@@ -16,7 +16,7 @@ from rackplane.daemon_cli import DaemonCli, daemon_app
 from rackplane.errors import ModbusError
 from rackplane.io.modbus import ModbusDevice
 from valvey.app import Valvey, load_valvey_config
-from valvey.config import CduTarget, ValveyConfig
+from valvey.config import CduTarget, ValveyConfig, config_warnings
 from valvey.persist import state_file_path
 
 Loaded = tuple[ValveyConfig, RegisterMap]
@@ -37,8 +37,11 @@ def _load(config: Path | None) -> Loaded:
 
 def _summary(loaded: Loaded, config: Path | None) -> str:
     cfg, regmap = loaded
+    c = cfg.cdu
+    where = (f"serial {c.serial_port} at {c.baudrate} baud" if c.serial_port is not None
+             else f"{c.host}:{c.port}")
     return (
-        f"config OK: {config or '<embedded defaults>'}; CDU {cfg.cdu.host}:{cfg.cdu.port} "
+        f"config OK: {config or '<embedded defaults>'}; CDU {where} "
         f"unit {cfg.cdu.unit_id} map {regmap.device.name} ({len(regmap.points)} points); "
         f"supply setpoint {cfg.supply_loop.setpoint_c} °C; broker "
         f"{cfg.mqtt.host}:{cfg.mqtt.port}; tsdb {cfg.tsdb.url or 'embedded spool'}"
@@ -84,6 +87,7 @@ app = daemon_app(DaemonCli(
     summary=_summary,
     dry_connect=_dry_connect_loaded,
     dry_connect_help="read every CDU point once, print it, and exit",
+    warnings=lambda loaded: config_warnings(loaded[0]),
     build=lambda loaded, config: Valvey(loaded[0], loaded[1], config_path=config),
     no_args_is_help=False,
 ))

@@ -32,7 +32,15 @@ start_step_test      operator  {step_pct}  (loop in manual)               not_ma
                                                                           out_of_range
 accept_step_test     operator  {}  (the proposed SIMC PI gains)           no_step_test_result
 cancel_step_test     operator  {}                                         -
+start_commissioning  operator  {step_pct}  (loop in auto, steady; bounds:  out_of_range,
+                               commissioning.min/max_step_pct)            commissioning_refused
+accept_commissioning operator  {}  (the proposal: gains, FF, strokes)     no_commissioning_
+                                                                          proposal, proposal_
+                                                                          not_acceptable
+reject_commissioning operator  {}  (abort a run / discard a proposal)     no_commissioning
 reset_leak           operator  {reopen_isolation: bool}                   leak_still_wet
+reset_learned        operator  {}  (learned valve strokes, FF map,        -
+                               accepted commissioning gains)
 ===================  ========  =========================================  ======================
 
 Limits are the loop's config (``setpoint_min_c``..``setpoint_max_c``, ``output_min_pct``..
@@ -67,17 +75,28 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rackplane.commands import (
+    ArgBound,
     CommandArgs,
     CommandContext,
     CommandRouter,
     DaemonContract,
     LeaseGate,
     NoArgs,
+    VerbBounds,
+    json_limits,
+    register_bounded,
 )
+from rackplane.core import names
 from rackplane.core.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
+from rackplane.core.pair_sync import HandoverArgs
 from rackplane.errors import CommandError
 from rackplane.log import get_logger
 from rackplane.settings import Role
+from valvey.commissioning_commands import (
+    COMMISSIONING_VERBS,
+    commissioning_handlers,
+    commissioning_step_bound,
+)
 from valvey.core.controller import ValveyCore
 
 __all__ = [
@@ -95,13 +114,16 @@ __all__ = [
     "ValvesState",
     "check_output_access",
     "register_valvey_commands",
+    "valvey_arg_bounds",
     "valvey_contract",
     "valvey_verb_args",
 ]
 
-ALARM_ID_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"  # rackplane.core.alarms AlarmDef.id
+ALARM_ID_PATTERN = names.ALARM_ID_PATTERN  # rackplane.core.alarms AlarmDef.id
 SHELVE_MIN_S = 60.0
 """Shortest shelve [s]: a shorter one is a mis-typed unit more often than a need."""
+STEP_TEST_MAX_PCT = 20.0
+"""Largest step-test step [%] (a bump test moves the valve a few %, REFERENCE §2.2)."""
 
 
 class SetSetpointArgs(CommandArgs):
@@ -125,8 +147,9 @@ class SetModeArgs(CommandArgs):
 
     mode: Literal["auto", "manual", "shadow_on", "shadow_off"]
     output_pct: float | None = Field(
-        None, ge=0.0, le=100.0, allow_inf_nan=False,
-        description="valve output [%], manual only (and required there)",
+        None, allow_inf_nan=False,
+        description="valve output [%], manual only (and required there); within the loop's "
+        "[output_min_pct, output_max_pct] (out_of_range)",
     )
 
     @model_validator(mode="after")
@@ -152,24 +175,27 @@ class ShelveAlarmArgs(CommandArgs):
 
     alarm_id: str = Field(pattern=ALARM_ID_PATTERN, description="alarm id (alarm/<id> topic)")
     duration_s: float = Field(
-        ge=SHELVE_MIN_S, le=DEFAULT_MAX_SHELVE_S, allow_inf_nan=False,
+        allow_inf_nan=False, json_schema_extra=json_limits(SHELVE_MIN_S, DEFAULT_MAX_SHELVE_S),
         description="how long [s], 60 s to 8 h (ISA-18.2 time-limited shelving)",
     )
 
 
 class SetDpSetpointArgs(CommandArgs):
     """``set_dp_setpoint``: the pump loop's differential-pressure setpoint [kPa], ramped;
-    refused with ``wrong_mode`` when the pump loop controls flow."""
+    refused with ``wrong_mode`` when the pump loop controls flow, with ``out_of_range``
+    outside [pump_loop.dp_setpoint_min_kpa, dp_setpoint_max_kpa] (the maximum is below the
+    protective pump_loop.max_pressure_kpa)."""
 
-    dp_setpoint_kpa: float = Field(ge=10.0, le=500.0, allow_inf_nan=False,
+    dp_setpoint_kpa: float = Field(allow_inf_nan=False,
                                    description="secondary DP setpoint [kPa]")
 
 
 class SetFlowSetpointArgs(CommandArgs):
     """``set_flow_setpoint``: the pump loop's flow setpoint [L/min], ramped; refused with
-    ``wrong_mode`` when the pump loop controls DP."""
+    ``wrong_mode`` when the pump loop controls DP, with ``out_of_range`` outside
+    [pump_loop.flow_setpoint_min_lpm, flow_setpoint_max_lpm]."""
 
-    flow_setpoint_lpm: float = Field(ge=1.0, le=5000.0, allow_inf_nan=False,
+    flow_setpoint_lpm: float = Field(allow_inf_nan=False,
                                      description="secondary flow setpoint [L/min]")
 
 
@@ -199,8 +225,10 @@ class StartStepTestArgs(CommandArgs):
     """``start_step_test``: with the loop in manual at a steady state, step the valve by
     ``step_pct`` and identify K, τ, θ (valvey.step_test)."""
 
-    step_pct: float = Field(ge=-20.0, le=20.0, allow_inf_nan=False,
-                            description="valve step [%], nonzero; + opens (supply falls)")
+    step_pct: float = Field(allow_inf_nan=False,
+                            json_schema_extra=json_limits(-STEP_TEST_MAX_PCT, STEP_TEST_MAX_PCT),
+                            description="valve step [%], 1 to 20 % in size (out_of_range); + "
+                            "opens (supply falls)")
 
     @model_validator(mode="after")
     def _nonzero(self) -> StartStepTestArgs:
@@ -232,7 +260,9 @@ _VERBS: dict[str, tuple[type[CommandArgs], Role]] = {
     "start_step_test": (StartStepTestArgs, "operator"),
     "accept_step_test": (NoArgs, "operator"),
     "cancel_step_test": (NoArgs, "operator"),
+    **COMMISSIONING_VERBS,
     "reset_leak": (ResetLeakArgs, "operator"),
+    "reset_learned": (NoArgs, "operator"),
 }
 
 #: The outputs each verb moves (the seam for leases: `check_output_access`).
@@ -248,7 +278,9 @@ VERB_OUTPUTS: dict[str, tuple[str, ...]] = {
     "start_step_test": ("facility_valve",),
     "accept_step_test": ("facility_valve",),
     "cancel_step_test": ("facility_valve",),
+    **dict.fromkeys(COMMISSIONING_VERBS, ("facility_valve",)),
     "reset_leak": ("rack_isolation",),
+    "reset_learned": ("facility_valve",),
 }
 
 
@@ -277,6 +309,11 @@ class SupplyLoopState(BaseModel):
     constraint: str = Field(description="which limit sets the valve now (selector winner)")
     supply_temp_c: float | None = Field(description="voted supply temperature; null: no "
                                         "usable measurement")
+    capacity_w_per_k: float | None = Field(
+        description="the exchanger as measured: rack power (W) the cooling holds per K of "
+        "approach (setpoint − facility water) with the valve open (valvey.core.capacity); "
+        "racky's facility-water derate uses it in place of its nominal table; null until the "
+        "valve has been open long enough to measure it")
     pv_status: str
     pv_age_s: float | None
     valve_command_pct: float | None = Field(description="null before initialisation")
@@ -293,6 +330,10 @@ class SupplyLoopState(BaseModel):
     readback_mismatch: bool
     output_reasserts: int
     step_test: dict[str, Any]
+    commissioning: dict[str, Any] = Field(
+        description="auto-commissioning (valvey.core.commissioning): phase, error, "
+        "acceptable, proposal (model K/τ/θ and fit quality, PI gains, feedforward gain and map, "
+        "valve strokes), accepted gains")
     alarms: list[str] = Field(description="active alarm ids")
     valve_position_pct: float | None = Field(
         None, description="valve position read back (the daemon adds it); null: unknown")
@@ -325,7 +366,11 @@ class ValvesState(BaseModel):
     active: str
     second_valve: bool
     units: list[dict[str, Any]] = Field(description="per valve: name, active, command_pct, "
-                                        "position_pct, fault")
+                                        "position_pct, expected_pct, mismatch_pct, failed, "
+                                        "stroke_time_s (learned, else configured), "
+                                        "stroke_learned, rest_offset_pct, rest_band_pct "
+                                        "(learned feedback − command at rest and its "
+                                        "scatter)")
     ts_ns: int | None = None
 
 
@@ -343,6 +388,11 @@ class SafetyState(BaseModel):
     cap_reasons: list[str]
     capacity_estimate_w: float | None = Field(description="cooling capacity estimate, W "
                                               "(rounded to 100 W)")
+    liquid_fraction: float | None = Field(
+        None, description="share of the rack power reaching the liquid that the capacity "
+        "estimate uses, 0–1: learned (heat removed / rack power at steady state) or the "
+        "configured capacity.liquid_fraction until then (valvey.core.capacity)")
+    liquid_fraction_learned: bool = Field(False, description="liquid_fraction is learned")
     requests: dict[str, Any]
     actuators: list[dict[str, Any]]
     shadow_would_write: list[list[Any]] | None = None
@@ -370,6 +420,10 @@ class HealthState(BaseModel):
     self: dict[str, Any] = Field(description="self-metrics (OPERATIONS.md)")
     spool: dict[str, Any] = Field(description="directory, spooled/sent/depth/rejected/"
                                   "dropped lines, last_error")
+    pair: dict[str, Any] | None = Field(
+        None, description="one instance of a redundant pair only (issue 15): what "
+        "state/pair_<instance> holds (instance, role, epoch, lease, withheld writes, epoch "
+        "claims); absent for a single instance")
 
 
 VALVEY_STATES: dict[str, type[BaseModel]] = {
@@ -591,6 +645,21 @@ def register_valvey_commands(
             raise CommandError("leak_still_wet", str(err)) from None
         return loop_state(core, {"leak": {"from": before, "to": core.safety.state()}})
 
+    def reset_learned(_args: NoArgs, ctx: CommandContext) -> dict[str, Any]:
+        """Forget what was learned of the plant (issue 21): back to the configured valve
+        stroke and feedforward map (the cold-start prior), bumplessly."""
+        check_output_access(ctx.verb, ctx, leases)
+        def learned() -> dict[str, Any]:
+            return {"valve_stroke_s": core.valves.learned(),
+                    "valve_rest_pct": core.valves.learned_rest(),
+                    "ff_map_learned": core.ff.map_learned}
+
+        before = learned()
+        core.reset_learned()
+        after = learned()
+        return loop_state(core, {"learned": {"from": before, "to": after}}
+                          if before != after else {})
+
     handlers: dict[str, Callable[[Any, CommandContext], dict[str, Any]]] = {
         "get_state": get_state,
         "set_setpoint": set_setpoint,
@@ -607,10 +676,57 @@ def register_valvey_commands(
         "start_step_test": start_step_test,
         "accept_step_test": accept_step_test,
         "cancel_step_test": cancel_step_test,
+        **commissioning_handlers(core, lambda ctx: check_output_access(ctx.verb, ctx, leases),
+                                 now_mono),
         "reset_leak": reset_leak,
+        "reset_learned": reset_learned,
     }
+    bounds = valvey_arg_bounds(core)
     for verb, (model, role) in _VERBS.items():
-        router.register(verb, model, handlers[verb], role=role)
+        register_bounded(router, verb, model, handlers[verb], role, bounds.get(verb, {}))
+
+
+def valvey_arg_bounds(core: ValveyCore) -> dict[str, VerbBounds]:
+    """verb -> field -> bound provider: every numeric argument of valvey's verbs (issue 14
+    item 2), read from the live settings at each command."""
+    def setpoint() -> ArgBound:
+        s = core.loop.settings
+        return ArgBound(s.setpoint_min_c, s.setpoint_max_c, "°C",
+                        "supply_loop.setpoint_min_c .. setpoint_max_c")
+
+    def output() -> ArgBound:
+        s = core.loop.settings
+        return ArgBound(s.output_min_pct, s.output_max_pct, "%",
+                        "supply_loop.output_min_pct .. output_max_pct")
+
+    def dp() -> ArgBound:
+        p = core.pumps.s
+        return ArgBound(p.dp_setpoint_min_kpa, p.dp_setpoint_max_kpa, "kPa",
+                        "pump_loop.dp_setpoint_min_kpa .. dp_setpoint_max_kpa, below "
+                        f"max_pressure_kpa = {p.max_pressure_kpa}")
+
+    def flow() -> ArgBound:
+        p = core.pumps.s
+        return ArgBound(p.flow_setpoint_min_lpm, p.flow_setpoint_max_lpm, "L/min",
+                        "pump_loop.flow_setpoint_min_lpm .. flow_setpoint_max_lpm")
+
+    def shelve() -> ArgBound:
+        return ArgBound(SHELVE_MIN_S, DEFAULT_MAX_SHELVE_S, "s",
+                        "ISA-18.2 time-limited shelving: 60 s .. 8 h")
+
+    def step() -> ArgBound:
+        return ArgBound(-STEP_TEST_MAX_PCT, STEP_TEST_MAX_PCT, "%",
+                        "step test: at most 20 % either way")
+
+    return {
+        "start_commissioning": {"step_pct": lambda: commissioning_step_bound(core)},
+        "set_setpoint": {"setpoint_c": setpoint},
+        "set_mode": {"output_pct": output},
+        "shelve_alarm": {"duration_s": shelve},
+        "set_dp_setpoint": {"dp_setpoint_kpa": dp},
+        "set_flow_setpoint": {"flow_setpoint_lpm": flow},
+        "start_step_test": {"step_pct": step},
+    }
 
 
 def loop_state(core: ValveyCore, changed: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -648,7 +764,8 @@ def _alarm_change(core: ValveyCore, alarm_id: str, events: list[AlarmEvent]) -> 
 
 def valvey_contract() -> DaemonContract:
     """valvey's verbs and state models (``rackctl schemas``, docs/COMMANDS.md)."""
+    # ``handover``: registered by the frame for one of a pair (rackplane.pair)
     return DaemonContract(
-        "valvey", dict(_VERBS), dict(VALVEY_STATES),
+        "valvey", {**_VERBS, "handover": (HandoverArgs, "operator")}, dict(VALVEY_STATES),
         "The cooling controller (valvey/commands.py).",
     )

@@ -6,12 +6,33 @@ default ``valvey-state-<rack>.json`` beside the spool folder (``$STATE_DIRECTORY
 systemd; `state_file_path`; the rack in the name keeps two daemons whose spools share a parent
 folder apart). Its ``data``::
 
-    {"owner": "lab/rack1",          # identity.site/identity.rack of the daemon that saved it
+    {"owner": "lab/row1/rack1",     # identity site/row/rack of the daemon that saved it
+                                    # (files of older versions: site/rack, still accepted)
      "setpoint_c": 44.0,            # the operator's setpoint (°C) when it was saved
      "file_setpoint_c": 45.0,       # supply_loop.setpoint_c of the config at that moment
      "manual_output_pct": null,     # manual mode's output (%), null: not manual
      "shadow": false,               # shadow mode
-     "file_shadow": false}          # supply_loop.shadow of the config at that moment
+     "file_shadow": false,          # supply_loop.shadow of the config at that moment
+     "learned": {                   # what the controller learned of its plant (issue 21)
+       "valve_stroke_s": {"a": 118.7},          # learned stroke time by valve, s
+       "valve_rest_pct": {"a": [0.3, 0.5]},     # feedback − command at rest, scatter, %
+       "ff_map_powers_kw": [0, 20, ...],        # feedforward.valve_map's powers (the prior)
+       "ff_map_prior_pct": [0, 47, ...],        # ... and its valve % when the map was learned
+       "ff_map_pct": [0, 47.3, ...] | null,     # the learned valve %, null: the prior
+       "commissioned": {                         # accepted auto-commissioning gains, or null
+         "kc_pct_per_k": 34.2, "ti_s": 40.0, "ff_gain": 1.13,
+         "file_kc_pct_per_k": 18.9, "file_ti_s": 20.0, "file_ff_gain": 1.0}}}
+
+**Learned values** are restored at start (`apply_learned`) unless the configured
+``feedforward.valve_map`` changed since they were learned (the file wins: an operator who
+edits the prior starts afresh), and only within their bounds (``valves.stroke_min_s``–
+``stroke_max_s``; the map within ``feedforward.adapt_max_correction_pct`` of the prior, 0–100 %,
+not falling with power); anything else is dropped and logged as superseded. A file without
+``learned`` (saved before issue 21) restores nothing learned. ``ValveyCore.reset_learned``
+forgets them (back to the cold-start prior). Accepted commissioning gains
+(`valvey.core.commissioning`) are restored only while the configured ``supply_loop.kc_pct_per_k``,
+``ti_s`` and ``feedforward.gain`` are still the ones they replaced (``file_*``) and they are
+within the ``commissioning`` bounds.
 
 **File vs command (the newer decision wins).** Each saved value carries the config value it
 was saved against. At start (and at SIGHUP, `Valvey.reload`), a saved setpoint (or shadow
@@ -37,7 +58,9 @@ from typing import Any
 from rackplane.errors import CommandError
 from rackplane.io.statefile import StateFile
 from rackplane.paths import in_state_directory
-from rackplane.settings import SpoolSettings, effective_spool
+from rackplane.settings import SpoolSettings
+from valvey.core.commissioning import Accepted
+from valvey.core.controller import ValveyCore
 from valvey.core.supply_loop import SupplyLoop
 from valvey.core.supply_loop_settings import SupplyLoopSettings
 
@@ -50,9 +73,12 @@ __all__ = [
     "STATE_FORMAT",
     "STATE_VERSION",
     "CommandState",
+    "LearnedState",
     "apply_command_state",
+    "apply_learned",
     "open_state_file",
     "state_file_path",
+    "sync_command_state",
 ]
 
 
@@ -62,9 +88,14 @@ def state_file_path(
 ) -> Path:
     """Where the state file lives: ``state_file`` absolute as given, relative inside
     ``$STATE_DIRECTORY`` (first entry) or the working directory; None: `DEFAULT_NAME`
-    (``rack``: ``identity.rack``) in the parent of the effective spool folder."""
+    (``rack``: ``identity.rack``) in the parent of the configured spool folder, or (spool
+    folder unset: one per daemon under ``spool/``) where the default spool used to be: the
+    working directory or ``$STATE_DIRECTORY``."""
     if state_file is None:
-        return effective_spool(spool, environ).directory.parent / DEFAULT_NAME.format(rack=rack)
+        name = DEFAULT_NAME.format(rack=rack)
+        if spool.directory is None:
+            return in_state_directory(Path(name), environ)
+        return in_state_directory(spool.directory, environ).parent / name
     return in_state_directory(state_file, environ)
 
 
@@ -83,16 +114,21 @@ class CommandState:
     manual_output_pct: float | None
     shadow: bool
     file_shadow: bool
+    learned: LearnedState | None = None
 
     @classmethod
-    def of(cls, owner: str, loop: SupplyLoop, file: SupplyLoopSettings) -> CommandState:
-        """The loop's current command state against the config's ``supply_loop``."""
+    def of(cls, owner: str, loop: SupplyLoop, file: SupplyLoopSettings,
+           learned: LearnedState | None = None) -> CommandState:
+        """The loop's current command state against the config's ``supply_loop`` (and what
+        the core learned, `LearnedState.of`)."""
         return cls(owner, loop.setpoint_c, file.setpoint_c, loop.manual_target_pct, loop.shadow,
-                   file.shadow)
+                   file.shadow, learned)
 
     def data(self) -> dict[str, Any]:
         """The state file's ``data`` object."""
-        return asdict(self)
+        d = asdict(self)
+        d["learned"] = None if self.learned is None else self.learned.data()
+        return d
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> CommandState:
@@ -117,42 +153,197 @@ class CommandState:
 
         owner = data.get("owner")
         if not isinstance(owner, str):
-            raise ValueError(f"owner: expected 'site/rack', got {owner!r}")
+            raise ValueError(f"owner: expected 'site/row/rack', got {owner!r}")
+        lv = data.get("learned")
         return cls(owner, num("setpoint_c"), num("file_setpoint_c"),
-                   num("manual_output_pct", none_ok=True), flag("shadow"), flag("file_shadow"))
+                   num("manual_output_pct", none_ok=True), flag("shadow"), flag("file_shadow"),
+                   None if lv is None else LearnedState.from_data(lv))
+
+
+def _nums(v: Any, key: str) -> tuple[float, ...]:
+    if not isinstance(v, list) or len(v) > 64 or any(
+            isinstance(x, bool) or not isinstance(x, int | float) for x in v):
+        raise ValueError(f"learned.{key}: expected a list of at most 64 numbers, got {v!r}")
+    return tuple(float(x) for x in v)
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedState:
+    """What the core learned of its plant (module docstring); values rounded (0.1 s, 0.01 %)
+    so that a save is due only for a real change."""
+
+    valve_stroke_s: tuple[tuple[str, float], ...]
+    ff_map_powers_kw: tuple[float, ...]
+    ff_map_prior_pct: tuple[float, ...]
+    ff_map_pct: tuple[float, ...] | None
+    valve_rest_pct: tuple[tuple[str, float, float], ...] = ()
+    commissioned: Accepted | None = None
+
+    @classmethod
+    def of(cls, core: ValveyCore) -> LearnedState:
+        """The core's learned values now."""
+        ff = core.ff
+        vm = ff.settings.valve_map
+        return cls(
+            tuple(sorted((k, round(v, 1)) for k, v in core.valves.learned().items())),
+            tuple(float(p[0]) for p in vm), tuple(float(p[1]) for p in vm),
+            tuple(round(y, 2) for _, y in ff.valve_map) if ff.map_learned else None,
+            tuple(sorted((k, round(o, 1), round(b, 1))
+                         for k, (o, b) in core.valves.learned_rest().items())),
+            core.commissioning.accepted)
+
+    def data(self) -> dict[str, Any]:
+        """The ``learned`` object of the state file."""
+        return {"valve_stroke_s": dict(self.valve_stroke_s),
+                "ff_map_powers_kw": list(self.ff_map_powers_kw),
+                "ff_map_prior_pct": list(self.ff_map_prior_pct),
+                "ff_map_pct": None if self.ff_map_pct is None else list(self.ff_map_pct),
+                "valve_rest_pct": {k: [o, b] for k, o, b in self.valve_rest_pct},
+                "commissioned": None if self.commissioned is None else dict(
+                    zip(_COMMISSIONED, self.commissioned, strict=True))}
+
+    @classmethod
+    def from_data(cls, data: Any) -> LearnedState:
+        """Parse a ``learned`` object. Raises ValueError for a wrong shape or type (bounds are
+        `apply_learned`'s)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"learned: expected an object, got {data!r}")
+        st = data.get("valve_stroke_s", {})
+        if not isinstance(st, dict) or len(st) > 8 or any(
+                not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int | float)
+                for k, v in st.items()):
+            raise ValueError(f"learned.valve_stroke_s: expected {{valve: seconds}}, got {st!r}")
+        m = data.get("ff_map_pct")
+        rest = data.get("valve_rest_pct", {})
+        if not isinstance(rest, dict) or len(rest) > 8 or any(
+                not isinstance(k, str) or len(_nums(v, "valve_rest_pct")) != 2
+                for k, v in rest.items()):
+            raise ValueError(f"learned.valve_rest_pct: expected {{valve: [offset, scatter]}}, "
+                             f"got {rest!r}")
+        return cls(tuple(sorted((k, float(v)) for k, v in st.items())),
+                   _nums(data.get("ff_map_powers_kw", []), "ff_map_powers_kw"),
+                   _nums(data.get("ff_map_prior_pct", []), "ff_map_prior_pct"),
+                   None if m is None else _nums(m, "ff_map_pct"),
+                   tuple(sorted((k, float(v[0]), float(v[1])) for k, v in rest.items())),
+                   _commissioned(data.get("commissioned")))
+
+
+_COMMISSIONED = ("kc_pct_per_k", "ti_s", "ff_gain", "file_kc_pct_per_k", "file_ti_s",
+                 "file_ff_gain")
+
+
+def _commissioned(v: Any) -> Accepted | None:
+    """Parse ``learned.commissioned`` (null, or numbers; ``ti_s`` / ``file_ti_s`` may be
+    null: no integral action). Raises ValueError for a wrong shape."""
+    if v is None:
+        return None
+    if not isinstance(v, dict) or set(v) != set(_COMMISSIONED) or any(
+            not (x is None and k in ("ti_s", "file_ti_s"))
+            and (isinstance(x, bool) or not isinstance(x, int | float))
+            for k, x in v.items()):
+        raise ValueError(f"learned.commissioned: expected {{{', '.join(_COMMISSIONED)}}} "
+                         f"numbers, got {v!r}")
+    f = [None if v[k] is None else float(v[k]) for k in _COMMISSIONED]
+    return (f[0], f[1], f[2], f[3], f[4], f[5])  # type: ignore[return-value]
+
+
+def apply_learned(core: ValveyCore, saved: LearnedState) -> tuple[list[str], list[str]]:
+    """Lay saved learned values over a freshly built core (module docstring).
+
+    Returns:
+        (restored, superseded): names of what was restored, and of what was dropped and why.
+    """
+    restored: list[str] = []
+    superseded: list[str] = []
+    strokes = dict(saved.valve_stroke_s)
+    got = core.valves.restore_learned(strokes)
+    restored += [f"valve_stroke_s.{n}" for n in got]
+    superseded += [f"valve_stroke_s.{n}: unknown valve or outside the bounds"
+                   for n in strokes if n not in got]
+    rest = {k: (o, b) for k, o, b in saved.valve_rest_pct}
+    got = core.valves.restore_learned_rest(rest)
+    restored += [f"valve_rest_pct.{n}" for n in got]
+    superseded += [f"valve_rest_pct.{n}: unknown valve or outside the bounds"
+                   for n in rest if n not in got]
+    if saved.ff_map_pct is not None:
+        vm = core.ff.settings.valve_map
+        if (saved.ff_map_powers_kw != tuple(float(p[0]) for p in vm)
+                or saved.ff_map_prior_pct != tuple(float(p[1]) for p in vm)):
+            superseded.append("ff_map_pct: feedforward.valve_map changed since")
+        elif core.ff.restore_map(list(saved.ff_map_pct)):
+            restored.append("ff_map_pct")
+        else:
+            superseded.append("ff_map_pct: outside the bounds of feedforward.adapt_*")
+    if saved.commissioned is not None:
+        if core.commissioning.restore(core, saved.commissioned):
+            restored.append("commissioned")
+        else:
+            superseded.append("commissioned: the configured gains changed since, or outside "
+                              "the commissioning bounds")
+    return restored, superseded
 
 
 def apply_command_state(
     loop: SupplyLoop, file: SupplyLoopSettings, saved: CommandState
 ) -> tuple[list[str], list[str]]:
     """Lay a saved command state over a loop built from (or reloaded to) ``file`` (the caller
-    checked ``saved.owner``).
+    checked ``saved.owner``): `_lay_over` without following a return to auto (a restart
+    starts in auto).
 
     Returns:
         (restored, superseded): the names of the values restored, and of the values the
         edited config superseded or the loop refused (``setpoint_c: out_of_range``).
     """
-    restored: list[str] = []
+    return _lay_over(loop, file, saved, follow_auto=False,
+                     changed_since="the config's {} changed since")
+
+
+def sync_command_state(
+    loop: SupplyLoop, file: SupplyLoopSettings, synced: CommandState
+) -> tuple[list[str], list[str]]:
+    """Lay the command state of a redundant pair's active (its sync record, issue 15) over
+    the standby's loop: the rule of `apply_command_state`, but every difference is followed,
+    back to the config's value and from manual back to auto included.
+
+    Returns:
+        (changed, superseded): the names of the values changed on the loop, and of those
+        refused (a config that differs, a value the loop refuses).
+    """
+    return _lay_over(loop, file, synced, follow_auto=True,
+                     changed_since="the configs' {} differ")
+
+
+def _lay_over(loop: SupplyLoop, file: SupplyLoopSettings, state: CommandState, *,
+              follow_auto: bool, changed_since: str) -> tuple[list[str], list[str]]:
+    """The one rule of both: a setpoint or shadow flag is taken only while ``file`` still has
+    the value the state was recorded against (an edited config, or a pair's two instances with
+    different configs, keep their own); a manual output is taken when it differs; with
+    ``follow_auto`` a state in auto puts a loop in manual back to auto."""
+    changed: list[str] = []
     superseded: list[str] = []
-    if saved.setpoint_c != file.setpoint_c:
-        if saved.file_setpoint_c != file.setpoint_c:
-            superseded.append("setpoint_c: the config's setpoint changed since")
+    if loop.setpoint_c != state.setpoint_c:
+        if state.file_setpoint_c != file.setpoint_c:
+            superseded.append("setpoint_c: " + changed_since.format("setpoint"))
         else:
             try:
-                loop.set_setpoint(saved.setpoint_c)
-                restored.append("setpoint_c")
+                loop.set_setpoint(state.setpoint_c)
+                changed.append("setpoint_c")
             except CommandError as err:
                 superseded.append(f"setpoint_c: {err.code} ({err})")
-    if saved.shadow != file.shadow:
-        if saved.file_shadow != file.shadow:
-            superseded.append("shadow: the config's shadow flag changed since")
+    if loop.shadow != state.shadow:
+        if state.file_shadow != file.shadow:
+            superseded.append("shadow: " + changed_since.format("shadow flag"))
         else:
-            loop.set_shadow(saved.shadow)
-            restored.append("shadow")
-    if saved.manual_output_pct is not None and loop.manual_target_pct != saved.manual_output_pct:
+            loop.set_shadow(state.shadow)
+            changed.append("shadow")
+    if state.manual_output_pct is None:
+        if follow_auto and loop.manual_target_pct is not None:
+            loop.set_auto()
+            changed.append("auto")
+    elif loop.manual_target_pct != state.manual_output_pct:
         try:
-            loop.set_manual(saved.manual_output_pct)
-            restored.append("manual_output_pct")
+            loop.set_manual(state.manual_output_pct)
+            changed.append("manual_output_pct")
         except CommandError as err:
             superseded.append(f"manual_output_pct: {err.code} ({err})")
-    return restored, superseded
+    return changed, superseded

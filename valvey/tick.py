@@ -14,7 +14,7 @@ of every point and sensor. Its input methods take what the adapters deliver:
 actuator writes, MQTT publishes (state, telemetry events, alarms, requests to racky with
 their envelope and topic), time-series lines and log records. Applying them is the caller's
 job: the daemon (valvey/app.py) hands them to its adapters; the lock-step harness
-(harness/lockstep_valvey.py) applies the writes to the plant and the requests to its racky
+(harness/lockstep_valvey/) applies the writes to the plant and the requests to its racky
 seam. Nothing here does I/O or reads a clock: times come in as arguments.
 """
 
@@ -169,7 +169,7 @@ class ValveyTick:
         ident = cfg.identity
         root = cfg.mqtt.topic_root
         self._sensor_topics: dict[str, list[SensorTopic]] = {}
-        for t in cfg.sensors.topics():
+        for t in cfg.sensor_topics():
             self._sensor_topics.setdefault(
                 resolve_topic(t.topic, root, ident.site, ident.rack), []).append(t)
         self._stale_retained_s = {
@@ -199,16 +199,17 @@ class ValveyTick:
 
     def on_samples(self, samples: Iterable[Sample]) -> None:
         """Modbus samples (one poll's, as the device adapter delivers them)."""
-        latest = self.latest
-        for s in samples:
-            latest[s.point] = s
+        # judged (plausibility) and held through failed polls (valvey.core.inputs)
+        self.core.inputs.enter(self.latest, samples, polled=True)
 
     def on_sensor_message(self, topic: str, payload: bytes | Mapping[str, Any], *,
                           retain: bool, received_mono: float, wall_ns: int) -> bool:
         """One MQTT message on a sensor topic: parsed into samples (a bad payload gives BAD
         samples with the reason, never a silent drop). A message from the broker's retained
         store may be old: its age comes from the payload's ``ts_ns`` when it has one, else
-        it counts as stale at once (a dead publisher's last value is never taken as fresh).
+        it counts as stale at once (a dead publisher's last value is never taken as fresh);
+        so does a ``ts_ns`` in the future by more than the topic's stale limit (a publisher's
+        clock or unit error: such a stamp says nothing about the value's age).
 
         Args:
             payload: the raw bytes (JSON) or an already decoded mapping.
@@ -230,14 +231,15 @@ class ValveyTick:
                     payload = decoded
         samples = parse_sensor_message(mapped, payload, received_mono, wall_ns)
         if retain:
-            age = self._stale_retained_s[topic]
+            stale_age = self._stale_retained_s[topic]
+            age = stale_age
             ts = _payload_ts_ns(payload)
-            if ts is not None:
+            # a stamp later than now by more than the value's stale limit (a clock or unit
+            # error: year 2200, µs taken for ns) gives no age: stale at once, never fresh
+            if ts is not None and ts - wall_ns <= stale_age * 1e9:
                 age = max(0.0, (wall_ns - ts) / 1e9)  # age of a retained value
             samples = [replace(smp, t_mono=received_mono - age) for smp in samples]
-        latest = self.latest
-        for smp in samples:
-            latest[smp.point] = smp
+        self.core.inputs.enter(self.latest, samples, polled=False)
         return True
 
     def on_racky_reply(self, topic: str, payload: bytes | Mapping[str, Any],
@@ -381,7 +383,12 @@ class ValveyTick:
             "valve_active_index": float(out.valve_active_index),
             "rack_power_cap_w": None if cap is None else cap.cap_w,
             "capacity_estimate_w": None if cap is None else cap.capacity_w,
+            "liquid_fraction": cap.liquid_fraction if cap is not None else None,
             "isolated_code": 1.0 if out.leak_isolation in ("closing", "closed") else 0.0,
+            # what the core learned of its plant (issue 21): the active valve's stroke time in
+            # use (learned, else configured) and the steady states the FF map learned from
+            "valve_stroke_s": self.core.valves.stroke_time_s(out.valve_active_index),
+            "ff_map_adaptations": float(self.core.ff.adaptations),
         }, wall_ns))
         room: dict[str, FieldValue] = {}
         sel = self.cfg.selector

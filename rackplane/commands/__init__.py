@@ -5,7 +5,8 @@ A package, one room per job: the envelope, reply and payload models, codes and s
 reading are pure (`rackplane.core.envelope`); `rackplane.commands.router` holds
 `CommandRouter`, which reaches the broker only through a `CommandTransport` (the daemon's
 `rackplane.io.mqtt.MqttLink`; a unit test's fake), so it runs without a broker;
-`rackplane.commands.leases` the limit and lease hooks; `rackplane.commands.contract` the
+`rackplane.commands.leases` the limit and lease hooks; `rackplane.commands.bounds` the
+bounds of every numeric argument (`register_bounded`); `rackplane.commands.contract` the
 schemas and docs/COMMANDS.md. Import everything from ``rackplane.commands``.
 
 A client named ``<user>`` by the broker publishes (QoS 1, not retained) to
@@ -18,9 +19,12 @@ MQTT v5 Response Topic (with its Correlation Data), else on ``cmd/<user>/<verb>/
 
 **Response topics** follow one convention, so a broker ACL can grant them (config/mosquitto):
 ``<base>/cmd/<user>/<verb>/result`` or below it (``.../result/<client nonce>``), i.e. inside
-the sender's own reply space. Any other response topic (another user's, another daemon's,
-one outside the topic root) is not used: the reply goes to ``.../result`` and a warning is
-logged, so a client can never make a daemon publish onto a topic of its choosing.
+the sender's own reply space, every level a topic level (`rackplane.core.names`). A command
+with any other response topic (a wildcard, another user's or daemon's topic, ``$SYS``, one
+outside the topic root) is neither executed nor answered: it is audited (outcome
+``response_topic_refused``, correlation data as hex) and a warning is logged, so a client
+can never make a daemon publish onto a topic of its choosing. Without a response topic
+(MQTT 3.1.1) the reply goes to ``.../result``. A reply's QoS is never above the request's.
 
 The JSON Schemas of the envelope, the reply, every verb's args, the ``status`` and ``alarm``
 payloads and ``state/leases`` ship in ``rackplane/schemas/`` (`schema_documents`,
@@ -37,8 +41,9 @@ The checks, in order, each refusing with its ``error.code`` (`ROUTER_CODES`):
    (the broker clears the flag) and only deliveries from the retained store are refused
    (docs/COMMANDS.md "Retained commands").
 2. ``too_large``: payload above ``max_payload_bytes`` (not parsed at all).
-3. ``bad_json``: not UTF-8 JSON, NaN/Infinity literals, duplicate keys, nested deeper than 32
-   levels, not an object.
+3. ``bad_json`` (not UTF-8, not JSON), ``non_finite`` (NaN/Infinity literals, a number
+   beyond a double's range), ``duplicate_key``, ``too_deep`` (nested deeper than 32 levels),
+   ``wrong_type`` (not an object).
 4. ``invalid_envelope``: `CommandEnvelope` refused it (key paths in the message). The reply
    carries the request_id if it could be read, else null.
 5. A (user, request_id) already seen among the last ``dedup_entries``: answered with the first
@@ -51,7 +56,10 @@ The checks, in order, each refusing with its ``error.code`` (`ROUTER_CODES`):
 7. ``unknown_verb`` (the message lists the known verbs).
 8. ``forbidden``: the user's role (``CommandSettings.users``, else ``default_role``; never from
    the payload) is below the verb's least role (reader < automation < operator).
-9. ``invalid_args``: the verb's args model refused them (key paths ``args.<field>``).
+9. The verb's args model refused them (key paths ``args.<field>``): ``wrong_type`` (a JSON
+   type the field does not take), ``non_finite``, ``out_of_range``, else ``invalid_args``
+   (missing or unknown key, pattern, enum). Then every numeric argument against its bounds
+   from config (`rackplane.commands.bounds`): ``out_of_range`` naming the value and limits.
 10. The handler: a `CommandError` becomes ``ok: false`` with its code; any other exception is
     ``internal_error`` (logged with its traceback); otherwise ``ok: true`` and ``state`` is the
     handler's dict.
@@ -93,9 +101,11 @@ through ``asyncio.to_thread`` (the fixed design). Never set in production; the i
 tests of BR-24 use it.
 """
 
+from rackplane.commands import bounds as _bounds
 from rackplane.commands import contract as _contract
 from rackplane.commands import leases as _leases
 from rackplane.commands import router as _router
+from rackplane.commands.bounds import *  # noqa: F403 (the package's public names: its modules' __all__)
 from rackplane.commands.contract import *  # noqa: F403 (the package's public names: its modules' __all__)
 from rackplane.commands.leases import *  # noqa: F403 (the package's public names: its modules' __all__)
 from rackplane.commands.router import *  # noqa: F403 (the package's public names: its modules' __all__)
@@ -103,6 +113,7 @@ from rackplane.core import envelope as _envelope
 from rackplane.core.envelope import *  # noqa: F403 (the package's public names: its modules' __all__)
 
 __all__: list[str] = []
+__all__ += _bounds.__all__
 __all__ += _contract.__all__
 __all__ += _leases.__all__
 __all__ += _router.__all__

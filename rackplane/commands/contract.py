@@ -245,10 +245,14 @@ default `rackplane`; the row travels in payloads and tags):
   (reader < automation < operator) comes from the daemon's `[commands] users` config, never
   from the payload; users not listed get `default_role` (reader: `get_state` only).
 - The reply `{request_id, ok, error: {code, message} | null, state}` comes on your MQTT v5
-  Response Topic with your Correlation Data, if the response topic is in your own reply space:
-  `.../<daemon>/cmd/<user>/<verb>/result` or below it (e.g. `.../result/<nonce>`). Any other
-  response topic is not used. Without one (MQTT 3.1.1) the reply comes on
-  `.../<daemon>/cmd/<user>/<verb>/result`: match it by `request_id`.
+  Response Topic with your Correlation Data (match it by that), if the response topic is in
+  your own reply space: `.../<daemon>/cmd/<user>/<verb>/result` or below it (e.g.
+  `.../result/<nonce>`; every level letters, digits, `_ : -`). A command with any other
+  response topic (a wildcard, another user's or daemon's topic, `$SYS`) is **neither
+  executed nor answered**: it is only audited (`response_topic_refused`). Without one
+  (MQTT 3.1.1) the reply comes on `.../<daemon>/cmd/<user>/<verb>/result`: match it by
+  `request_id`. The reply's QoS is never above your request's; ignore retained messages on
+  reply topics (a reply is never retained).
 - A repeated `request_id` (a QoS 1 redelivery, or your retry) is answered with the first
   reply and never applied twice (FIELD-CASES BR-22 a): retry with the same id when a reply
   did not come. The same id with another verb or args is refused (`request_id_reused`).
@@ -287,7 +291,19 @@ operator's `acquire_lease` preempts an automation lease; automation never preemp
 ## Error codes
 
 Router: @ROUTER_CODES@. Leases: @LEASE_CODES@. Each verb adds its own (e.g.
-`out_of_range` for a value outside its config limits).
+`wrong_mode`, `unknown_tray`).
+
+Each kind of bad input has its own code: `too_large` (over `max_payload_bytes`), `bad_json`
+(not UTF-8, not JSON), `non_finite` (NaN/Infinity, or a number beyond a double's range such as
+`1e400`), `duplicate_key`, `too_deep` (nested deeper than 32 levels), `wrong_type` (not an
+object; an argument of another JSON type), `out_of_range`, `invalid_args` (a missing or
+unknown key, a pattern or enum mismatch), `expired`, `retained`. **Every numeric argument
+of every verb has bounds from the daemon's config** (or, for a few durations, a stated
+standard), checked before the verb acts: outside them the reply is `out_of_range` naming the
+argument, the value and the limits, e.g. `args.power_w = 120 W is outside [25020, 264000] W
+(the rack's floor ... power.rack_capacity_w)` (rackplane/commands/bounds.py; the limits of
+each verb's arguments are in its description). The daemons count refusals per code in their
+self-metrics (`commands_refused`, docs/OPERATIONS.md).
 """
 
 

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from rackplane.commands.bounds import ArgBound, register_bounded
 from rackplane.commands.router import LOGGER, CommandRouter
 from rackplane.core.envelope import (
     OUT_OF_RANGE,
@@ -16,7 +17,7 @@ from rackplane.core.envelope import (
     CommandContext,
     ReleaseLeaseArgs,
 )
-from rackplane.core.leases import LeaseTable
+from rackplane.core.leases import INVALID_LEASE_TTL, LeaseTable
 from rackplane.errors import CommandError
 from rackplane.log import get_logger
 from rackplane.settings import Role
@@ -100,7 +101,12 @@ def register_lease_verbs(
                 "lease": lease.as_dict(ctx.now_mono) if lease is not None else None,
                 "leases": table.snapshot(ctx.now_mono)}
 
-    router.register("acquire_lease", AcquireLeaseArgs, acquire, role=role)
+    def ttl_bound() -> ArgBound:
+        return ArgBound(0.0, router.settings.lease_max_ttl_s, "s",
+                        "commands.lease_max_ttl_s", code=INVALID_LEASE_TTL, lo_open=True)
+
+    register_bounded(router, "acquire_lease", AcquireLeaseArgs, acquire, role,
+                     {"ttl_s": ttl_bound})
     router.register("release_lease", ReleaseLeaseArgs, release, role=role)
 
 
@@ -183,6 +189,11 @@ class LeaseGate:
     def snapshot(self, now: float) -> dict[str, Any]:
         """The ``state/leases`` payload now (for a verb's ``get_state`` reply)."""
         return self.table.snapshot(now)
+
+    def republish(self) -> None:
+        """Publish ``state/leases`` at the next `tick` (a pair's instance that became
+        active: its leases came by sync, without events)."""
+        self._dirty = True
 
     def _changed(self, _table: LeaseTable) -> None:
         # A lease verb changed something: log it and publish at once (the command's time).

@@ -31,7 +31,6 @@ from rackplane.core.envelope import (
     FROM_FUTURE,
     IN_PROGRESS,
     INTERNAL_ERROR,
-    INVALID_ARGS,
     INVALID_ENVELOPE,
     OUTCOME_DUPLICATE,
     OUTCOME_OK,
@@ -40,6 +39,7 @@ from rackplane.core.envelope import (
     ROLE_RANK,
     TOO_LARGE,
     UNKNOWN_VERB,
+    WRONG_TYPE,
     CommandArgs,
     CommandAudit,
     CommandContext,
@@ -52,14 +52,22 @@ from rackplane.core.envelope import (
     _fingerprint,
     _json_safe,
     _json_type,
+    args_refusal_code,
     read_json,
 )
+from rackplane.core.names import check_topic_level
 from rackplane.core.topics import Handler, Message, Topics, encode_json
 from rackplane.errors import CommandError
 from rackplane.log import get_logger
 from rackplane.settings import CommandSettings, Role
 
-__all__ = ["TEST_VERBS_ENV", "CommandRouter", "CommandTransport", "ReplyFn"]
+__all__ = ["RESPONSE_TOPIC_REFUSED", "TEST_VERBS_ENV", "CommandRouter", "CommandTransport",
+           "ReplyFn"]
+
+RESPONSE_TOPIC_REFUSED: Final = "response_topic_refused"
+"""Audit outcome (never a reply code: nothing is replied) of a command whose MQTT v5 Response
+Topic is outside the sender's own reply space: it is not executed and not answered."""
+_CORRELATION_LOG_BYTES = 64  # correlation data logged (hex) with the audit line, at most
 
 LOGGER: Final = "rackplane.commands"
 """The logger name of the router's events (unchanged by the package split)."""
@@ -94,8 +102,9 @@ class CommandTransport(Protocol):
 
     async def reply(self, request: Message, payload: Mapping[str, Any]) -> str:
         """Queue the reply to ``request`` on its ``response_topic`` (with its correlation
-        data), else on ``<request topic>/result``; returns the topic used. Raises ValueError
-        or TypeError for a payload that is not JSON."""
+        data), else on ``<request topic>/result``, at QoS ``min(1, request.qos)`` (never
+        above the request's); returns the topic used. Raises ValueError or TypeError for a
+        payload that is not JSON."""
         ...
 
     def publish_state(self, thing: str, payload: Mapping[str, Any]) -> None:
@@ -116,6 +125,7 @@ class _Seen:
     fingerprint: bytes
     reply: dict[str, Any]
     outcome: str
+    at_mono: float = 0.0  # when it was remembered (monotonic s): for `export_seen`
 
 
 @dataclass(slots=True)
@@ -138,6 +148,7 @@ class _Outcome:
     key: tuple[str, str] | None = None
     fingerprint: bytes = b""
     request_id_for_log: str | None = None
+    no_reply: bool = False  # the response topic was refused: audit only
 
     def refuse(self, code: str, message: str) -> _Outcome:
         self.ok, self.code, self.state = False, code, None
@@ -194,6 +205,12 @@ class CommandRouter:
         self._inflight: set[tuple[str, str]] = set()
         self._stats = CommandStats()
         self._attached = False
+        #: Redundant pairs (issue 15): asked for each incoming message; False ignores it (no
+        #: reply, no audit: the pair's active instance answers), counted in `standby_ignored`.
+        self.accept: Callable[[], bool] | None = None
+        self.standby_ignored = 0
+        #: bumped on every change of the de-duplication entries (a pair's sync: issue 15)
+        self.seen_version = 0
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -218,7 +235,7 @@ class CommandRouter:
             ValueError: invalid or duplicate verb, unknown role.
             TypeError: ``args_model`` is not a pydantic model.
         """
-        if not _VERB_RE.match(verb):
+        if not _VERB_RE.fullmatch(verb):
             raise ValueError(
                 f"verb {verb!r} must be 1-64 letters, digits, '_', '.', ':' or '-' (a topic level)"
             )
@@ -286,7 +303,11 @@ class CommandRouter:
     async def handle(self, msg: Message) -> None:
         """Handle one message from the link: exactly one reply and one audit per command
         message; other topics are ignored. Never raises (a router bug is logged and answered
-        ``internal_error``)."""
+        ``internal_error``). With `accept` set and False, the message is ignored (the
+        pair's standby: the active instance answers it)."""
+        if self.accept is not None and not self.accept():
+            self.standby_ignored += 1
+            return
         try:
             outcome = self._process(msg)
             if outcome is not None and outcome.pending is not None:
@@ -310,6 +331,7 @@ class CommandRouter:
             user, verb = parsed
             o = _Outcome(user, verb, verb in self._verbs, self.role_of(user),
                          self._clock.monotonic())
+            o.no_reply = self._response_topic_problem(msg) is not None
             return o.refuse(INTERNAL_ERROR, "the command router failed; the daemon's log has "
                             "the details (get_state shows what is in force)")
         except Exception:
@@ -325,6 +347,14 @@ class CommandRouter:
         self._stats.received += 1
         o = _Outcome(user, verb, verb in self._verbs, self.role_of(user), self._clock.monotonic())
         s = self._settings
+        why = self._response_topic_problem(msg)
+        if why is not None:
+            o.no_reply = True
+            o.request_id = self._peek_request_id(msg.payload)  # for the audit line only
+            self._log.warning("command_response_topic_refused", user=_clip(user),
+                              verb=_clip(verb), response_topic=_clip(msg.response_topic or "", 200),
+                              why=why, note="not executed and not answered (audit only)")
+            return o.refuse(RESPONSE_TOPIC_REFUSED, f"response topic refused: {why}")
         if msg.retain:
             o.request_id = self._peek_request_id(msg.payload)  # so the client can match it
             return o.refuse(RETAINED, "a retained command is never executed (it may be stale): "
@@ -338,14 +368,14 @@ class CommandRouter:
         try:
             data = read_json(msg.payload)
         except JsonError as err:
-            return o.refuse(BAD_JSON, str(err))
+            return o.refuse(err.code, str(err))
         if not isinstance(data, dict):
-            return o.refuse(BAD_JSON, f"payload must be a JSON object, got {_json_type(data)}")
+            return o.refuse(WRONG_TYPE, f"payload must be a JSON object, got {_json_type(data)}")
         try:
             env = CommandEnvelope.model_validate(data)
         except ValidationError as err:
             rid = data.get("request_id")
-            o.request_id = rid if isinstance(rid, str) and _REQUEST_ID_RE.match(rid) else None
+            o.request_id = rid if isinstance(rid, str) and _REQUEST_ID_RE.fullmatch(rid) else None
             return o.refuse(INVALID_ENVELOPE, _describe(err))
         o.request_id = env.request_id
         key = (user, env.request_id)
@@ -383,12 +413,63 @@ class CommandRouter:
         except JsonError:
             return None
         rid = data.get("request_id") if isinstance(data, dict) else None
-        return rid if isinstance(rid, str) and _REQUEST_ID_RE.match(rid) else None
+        return rid if isinstance(rid, str) and _REQUEST_ID_RE.fullmatch(rid) else None
 
     def _remember(self, o: _Outcome) -> None:
         assert o.key is not None
-        self._seen[o.key] = _Seen(o.fingerprint, o.reply(), o.code)
+        self._seen[o.key] = _Seen(o.fingerprint, o.reply(), o.code, self._clock.monotonic())
+        self.seen_version += 1
         self._trim_seen()
+
+    # --- a redundant pair's sync (issue 15) --------------------------------------------------
+
+    def export_seen(self, now_mono: float, limit: int) -> list[dict[str, Any]]:
+        """The de-duplication entries a retry could still hit: remembered within ``ttl_s +
+        clock_skew_s`` before ``now_mono`` (an older request is refused as expired anyway),
+        the newest ``limit`` of them, oldest first: ``{user, request_id, fingerprint (hex),
+        reply, outcome}``."""
+        s = self._settings
+        horizon = now_mono - (s.ttl_s + s.clock_skew_s)
+        out: list[dict[str, Any]] = []
+        for (user, rid), seen in reversed(self._seen.items()):
+            if len(out) >= limit or seen.at_mono < horizon:
+                break
+            out.append({"user": user, "request_id": rid, "fingerprint": seen.fingerprint.hex(),
+                        "reply": seen.reply, "outcome": seen.outcome})
+        out.reverse()
+        return out
+
+    def remember_applied(self, user: str, request_id: str, verb: str, args: Mapping[str, Any],
+                         reply: dict[str, Any]) -> dict[str, Any]:
+        """The de-duplication entry (`export_seen`'s shape) a command being applied will
+        leave: for a handler that must hand it on before the router remembers it (the pair's
+        ``handover``). ``args`` as sent (the envelope's ``args``)."""
+        return {"user": user, "request_id": request_id,
+                "fingerprint": _fingerprint(verb, args).hex(), "reply": reply,
+                "outcome": OUTCOME_OK}
+
+    def import_seen(self, entries: list[dict[str, Any]], now_mono: float) -> int:
+        """Lay the pair's active's entries (`export_seen`) over this router's: a retried
+        request-id is then answered with the first reply, never applied again. Entries
+        already known are kept; malformed ones skipped. Returns how many were added."""
+        added = 0
+        for e in entries:
+            user, rid, fp = e.get("user"), e.get("request_id"), e.get("fingerprint")
+            reply, outcome = e.get("reply"), e.get("outcome")
+            if not (isinstance(user, str) and isinstance(rid, str) and isinstance(fp, str)
+                    and isinstance(reply, dict) and isinstance(outcome, str)
+                    and "ok" in reply):
+                continue
+            try:
+                if (user, rid) not in self._seen:
+                    self._seen[(user, rid)] = _Seen(bytes.fromhex(fp), reply, outcome, now_mono)
+                    added += 1
+            except ValueError:  # not hex
+                continue
+        if added:
+            self.seen_version += 1
+            self._trim_seen()
+        return added
 
     async def _complete(self, o: _Outcome) -> None:
         """Await an async handler's result and settle the outcome (same rules as `_decide`).
@@ -452,7 +533,7 @@ class CommandRouter:
         try:
             args = spec.model.model_validate(env.args)
         except ValidationError as err:
-            o.refuse(INVALID_ARGS, _describe(err, prefix="args"))
+            o.refuse(args_refusal_code(err), _describe(err, prefix="args"))
             return
         now_mono = self._clock.monotonic()
         ctx = CommandContext(
@@ -499,28 +580,44 @@ class CommandRouter:
 
     # --- reply and audit ----------------------------------------------------------------------
 
-    def _reply_target(self, msg: Message, user: str) -> Message:
-        """The request as handed to ``reply``: its response topic if it follows the
-        convention (module docstring: ``<base>/cmd/<user>/<verb>/result[/...]``, the
-        sender's own reply space), else the ``/result`` topic. So a client can never make the
-        daemon publish onto a command topic, another user's replies, one of the daemon's own
-        state topics or anything outside its tree (a broker ACL would refuse those anyway)."""
+    def _response_topic_problem(self, msg: Message) -> str | None:
+        """Why the request's MQTT v5 Response Topic is refused, or None (none given, or one in
+        the sender's own reply space: ``<base>/cmd/<user>/<verb'>/result[/<level>...]`` with
+        ``<user>`` the request's own user level and every level after ``<base>`` a valid
+        topic level, `rackplane.core.names`). So a client can never make the daemon publish
+        onto a wildcard, a command topic, another user's replies, one of the daemon's own
+        state topics, ``$SYS`` or anything outside its tree."""
         rt = msg.response_topic
-        if rt:
-            own = f"{self.topics.base}/cmd/{user}/"
-            rest = rt[len(own):].split("/") if rt.startswith(own) else []
-            if len(rest) >= 2 and rest[1] == "result" and all(rest) \
-                    and not any(c in rt for c in "+#\x00"):
-                return msg
-            self._log.warning("command_response_topic_refused", user=_clip(user),
-                              response_topic=_clip(rt, 200),
-                              note="not <base>/cmd/<user>/<verb>/result[/...]: replying on "
-                              "/result")
+        if rt is None:
+            return None
+        parsed = self.topics.parse_cmd(msg.topic)
+        user = parsed[0] if parsed else ""
+        own = f"{self.topics.base}/cmd/{user}/"
+        if not rt.startswith(own):
+            return f"not below {own} (the sender's own reply space)"
+        rest = rt[len(own):].split("/")
+        if len(rest) < 2 or rest[1] != "result":
+            return "not <base>/cmd/<user>/<verb>/result[/...]"
+        for level in rest:
+            try:
+                check_topic_level(level)
+            except ValueError as err:
+                return str(err)
+        return None
+
+    def _reply_target(self, msg: Message) -> Message:
+        """The request as handed to ``reply``: with its response topic (already checked by
+        `_response_topic_problem`), else, without one (MQTT 3.1.1, or a v5 client that gave
+        none), with ``<request topic>/result``."""
+        if msg.response_topic is not None:
+            return msg
         return replace(msg, response_topic=f"{msg.topic}/result")
 
     async def _send(self, msg: Message, o: _Outcome) -> str | None:
+        if o.no_reply:
+            return None
         try:
-            result = self._reply(self._reply_target(msg, o.user), o.reply())
+            result = self._reply(self._reply_target(msg), o.reply())
             if inspect.isawaitable(result):
                 result = await result
         except Exception as err:
@@ -554,10 +651,14 @@ class CommandRouter:
         log = self._log.info if o.ok else (
             self._log.error if o.code == INTERNAL_ERROR else self._log.warning
         )
+        corr = msg.correlation_data
         log("command", user=audit.user, verb=audit.verb, request_id=audit.request_id,
             outcome=audit.outcome, ok=audit.ok, role=audit.role,
             latency_s=round(audit.latency_s, 6), retained=audit.retained, dup=audit.dup,
-            reply_topic=reply_topic, message=message)
+            reply_topic=reply_topic, message=message, qos=msg.qos,
+            correlation_data=None if corr is None else corr[:_CORRELATION_LOG_BYTES].hex(),
+            response_topic=None if msg.response_topic is None else _clip(msg.response_topic,
+                                                                         200))
         if self._audit is None:
             return
         try:

@@ -49,6 +49,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from rackplane.config import StrictModel
+from rackplane.core.names import ALARM_ID_PATTERN
 from rackplane.core.samples import slots_constructor
 from rackplane.errors import CommandError
 
@@ -59,7 +60,7 @@ EventKind = Literal["raised", "cleared", "acked", "shelved", "unshelved", "retur
 Phase = Literal["normal", "active", "returned"]
 
 _SEVERITY_RANK: dict[str, int] = {"critical": 0, "major": 1, "minor": 2, "warning": 3}
-_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_ID_RE = re.compile(ALARM_ID_PATTERN)
 
 DEFAULT_MAX_SHELVE_S = 8 * 3600.0
 """Longest shelve accepted by default: one shift (ISA-18.2 wants shelving time-limited)."""
@@ -70,7 +71,8 @@ class AlarmDef(StrictModel):
 
     Attributes:
         id: alarm id, also the MQTT topic level ``alarm/<id>``: lowercase letters, digits,
-            ``_ . -``, at most 64 characters.
+            ``_ : -``, at most 64 characters; ``<kind>`` or ``<kind>:<subject>``, built by
+            `rackplane.core.names.alarm_id` (docs/CONTRACTS.md "Alarm ids").
         severity: ``critical``, ``major``, ``minor`` or ``warning``.
         on_delay_s: the condition must hold this long before the alarm is raised [s].
         off_delay_s: the condition must be false this long before the alarm clears [s].
@@ -92,10 +94,10 @@ class AlarmDef(StrictModel):
     @field_validator("id")
     @classmethod
     def _id_topic_safe(cls, v: str) -> str:
-        if not _ID_RE.match(v):
+        if not _ID_RE.fullmatch(v):
             raise ValueError(
-                "alarm id must be 1-64 characters of a-z, 0-9, '_', '.', '-' starting with a "
-                "letter or digit (it is an MQTT topic level)"
+                f"alarm id {v!r} must be 1-64 characters of a-z, 0-9, '_', ':', '-' starting "
+                "with a letter or digit (it is an MQTT topic level: no '.', rackplane.core.names)"
             )
         return v
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from rackplane.core.alarms import AlarmEvent, AlarmSnapshot
 
-__all__ = ["EVENT_CODE", "SEVERITY_CODE", "FieldValue", "LogRecord", "TsLine", "alarm_event",
-           "alarm_snapshot_line"]
+__all__ = ["ALARM_LOG_LEVEL", "EVENT_CODE", "SEVERITY_CODE", "FieldValue", "LogRecord", "TsLine",
+           "alarm_event", "alarm_log_level", "alarm_snapshot_line"]
 
 FieldValue = float | None
 """A numeric time-series field; None is omitted by the writer (never written as NaN)."""
@@ -36,8 +36,8 @@ class TsLine:
 
 @dataclass(frozen=True, slots=True)
 class LogRecord:
-    """One log line: ``level`` (debug | info | warning | error), the ``event`` name and its
-    key/value ``fields``."""
+    """One log line: ``level`` (debug | info | warning | error | critical), the ``event``
+    name and its key/value ``fields``."""
 
     level: str
     event: str
@@ -51,6 +51,22 @@ EVENT_CODE = {k: float(i) for i, k in enumerate(
 """``alarm`` measurement: ``event_code`` of each alarm event kind."""
 
 
+ALARM_LOG_LEVEL = {"critical": "critical", "major": "error", "minor": "warning",
+                   "warning": "warning"}
+"""Log level of an alarm's ``raised`` event (also after a shelve expires on an active alarm),
+by severity; its other events (returned to normal awaiting reset, cleared, acked, shelved,
+unshelved) are logged at info."""
+
+
+def alarm_log_level(ev: AlarmEvent) -> str:
+    """The log level of an alarm event (`ALARM_LOG_LEVEL`): a log-based pager sees a critical
+    alarm at ``critical``, not at the level of a minor one; an unknown severity is logged at
+    ``error`` (never below what it might be)."""
+    if ev.kind == "raised":
+        return ALARM_LOG_LEVEL.get(ev.severity, "error")
+    return "info"
+
+
 def alarm_event(ev: AlarmEvent, snap: AlarmSnapshot | None, wall_ns: int
                 ) -> tuple[LogRecord, dict[str, Any] | None, TsLine]:
     """The effects of one alarm event: its log record, the retained ``alarm/<id>`` payload
@@ -60,8 +76,9 @@ def alarm_event(ev: AlarmEvent, snap: AlarmSnapshot | None, wall_ns: int
         ev: the event; snap: the alarm's snapshot after it (None: back to normal);
         wall_ns: the payload's and the line's time [ns since the epoch].
     """
-    log = LogRecord("warning", "alarm", {"alarm": ev.id, "kind": ev.kind,
-                                         "severity": ev.severity, "message": ev.message})
+    log = LogRecord(alarm_log_level(ev), "alarm", {"alarm": ev.id, "kind": ev.kind,
+                                                   "severity": ev.severity,
+                                                   "message": ev.message})
     payload = None if snap is None else {
         "id": snap.id, "severity": snap.severity, "message": snap.message,
         "state": snap.state, "acked": snap.acked, "shelved": snap.shelved,

@@ -54,6 +54,8 @@ __all__ = [
     "ReleaseLeaseArgs",
     "StatusPayload",
     "alarm_payload",
+    "args_refusal_code",
+    "finite_int",
     "read_json",
 ]
 
@@ -72,12 +74,48 @@ INVALID_ARGS: Final = "invalid_args"
 INTERNAL_ERROR: Final = "internal_error"
 IN_PROGRESS: Final = "in_progress"
 OUT_OF_RANGE: Final = "out_of_range"
+NON_FINITE: Final = "non_finite"
+DUPLICATE_KEY: Final = "duplicate_key"
+TOO_DEEP: Final = "too_deep"
+WRONG_TYPE: Final = "wrong_type"
 
 ROUTER_CODES: frozenset[str] = frozenset({
-    RETAINED, TOO_LARGE, BAD_JSON, INVALID_ENVELOPE, REQUEST_ID_REUSED, EXPIRED, FROM_FUTURE,
-    UNKNOWN_VERB, FORBIDDEN, INVALID_ARGS, INTERNAL_ERROR, IN_PROGRESS,
+    RETAINED, TOO_LARGE, BAD_JSON, NON_FINITE, DUPLICATE_KEY, TOO_DEEP, WRONG_TYPE,
+    INVALID_ENVELOPE, REQUEST_ID_REUSED, EXPIRED, FROM_FUTURE, UNKNOWN_VERB, FORBIDDEN,
+    INVALID_ARGS, OUT_OF_RANGE, INTERNAL_ERROR, IN_PROGRESS,
 })
-"""Codes the router itself refuses with; handlers add their own (`CommandError.code`)."""
+"""Codes the router itself refuses with; handlers add their own (`CommandError.code`).
+
+Hostile or malformed input is refused with the most specific code (issue 14 item 13):
+``too_large`` (over the byte bound), ``bad_json`` (not UTF-8, not JSON), ``non_finite``
+(NaN/Infinity literals, or a number beyond a double's range such as ``1e400``),
+``duplicate_key``, ``too_deep`` (nested deeper than 32 levels), ``wrong_type`` (a payload
+that is not an object, an argument of the wrong JSON type), ``out_of_range`` (an argument
+outside its bounds), ``invalid_args`` (anything else the args model refuses: a missing or
+unknown key, a bad pattern or enum value)."""
+
+_ARG_TYPE_CODES: Mapping[str, str] = {
+    "finite_number": NON_FINITE,
+    "greater_than": OUT_OF_RANGE, "greater_than_equal": OUT_OF_RANGE,
+    "less_than": OUT_OF_RANGE, "less_than_equal": OUT_OF_RANGE,
+    "multiple_of": OUT_OF_RANGE,
+}
+"""pydantic error types -> refusal code (besides the ``*_type`` family: ``wrong_type``)."""
+
+
+def args_refusal_code(err: ValidationError) -> str:
+    """The refusal code of an args model's `ValidationError`: that of its first problem
+    (``non_finite``, ``out_of_range``, ``wrong_type``), else ``invalid_args``."""
+    problems = err.errors(include_url=False)
+    if not problems:
+        return INVALID_ARGS
+    kind = str(problems[0]["type"])
+    code = _ARG_TYPE_CODES.get(kind)
+    if code is not None:
+        return code
+    if kind.endswith("_type") or kind in ("int_from_float", "model_attributes_type"):
+        return WRONG_TYPE
+    return INVALID_ARGS
 
 OUTCOME_OK: Final = "ok"
 OUTCOME_DUPLICATE: Final = "duplicate"
@@ -87,6 +125,9 @@ ROLE_RANK: Mapping[str, int] = {"reader": 0, "automation": 1, "operator": 2}
 
 REQUEST_ID_PATTERN: Final = r"^[A-Za-z0-9._:-]{1,64}$"
 _REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN)
+_NUMBER_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+"""A number written as a string: never a time here (pydantic reads one as unix seconds or
+milliseconds)."""
 _VERB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")  # a topic level (rackplane.io.mqtt)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MESSAGE_MAX_CHARS = 1000  # bound on error.message (it may quote client input)
@@ -133,7 +174,9 @@ class CommandEnvelope(StrictModel):
     @field_validator("issued_at", mode="before")
     @classmethod
     def _rfc3339_text(cls, v: object) -> object:
-        if not isinstance(v, str):
+        # a string of digits is no RFC 3339 time: pydantic would read "1767225600" as unix
+        # seconds, "1767225600000" as milliseconds and "-1" as 1969
+        if not isinstance(v, str) or _NUMBER_RE.fullmatch(v.strip()) is not None:
             raise ValueError(
                 "must be an RFC 3339 timestamp string with a timezone, e.g. 2026-01-01T12:00:00Z"
             )
@@ -172,8 +215,8 @@ class AcquireLeaseArgs(CommandArgs):
 
     output: str = Field(pattern=OUTPUT_PATTERN, description="output name, e.g. valve")
     ttl_s: float | None = Field(
-        None, gt=0, le=86_400, allow_inf_nan=False,
-        description="lease length [s]; default commands.lease_default_ttl_s, at most "
+        None, allow_inf_nan=False,
+        description="lease length [s], > 0; default commands.lease_default_ttl_s, at most "
         "commands.lease_max_ttl_s (else invalid_lease_ttl)",
     )
     reason: str | None = Field(None, max_length=200, description="shown in state/leases")
@@ -225,7 +268,8 @@ class AlarmPayload(StrictModel):
 
     model_config = ConfigDict(title="rackplane alarm")
 
-    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$", description="alarm id")
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_:-]{0,63}$",  # rackplane.core.names
+                    description="alarm id: <kind> or <kind>:<subject>")
     severity: Severity
     message: str
     state: Literal["active", "returned"] = Field(
@@ -409,47 +453,84 @@ would stall the tick). Commands have their own configured ``commands.max_payload
 
 
 class JsonError(ValueError):
-    """A payload that is not strict JSON (`read_json`); the message says why."""
+    """A payload that is not strict JSON (`read_json`); the message says why.
+
+    Attributes:
+        code: the refusal code of the kind of problem: ``too_large``, ``bad_json`` (not
+            UTF-8, not JSON), ``non_finite`` (NaN/Infinity, or a number beyond a double's
+            range), ``duplicate_key``, ``too_deep``.
+    """
+
+    def __init__(self, message: str, code: str = BAD_JSON) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _reject_constant(name: str) -> Any:
-    raise JsonError(f"{name} is not valid JSON (numbers must be finite)")
+    raise JsonError(f"{name} is not valid JSON (numbers must be finite)", NON_FINITE)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: JSON allows it, a double cannot hold it
+        raise JsonError(f"number {_clip(text, 40)} is beyond a double's range (numbers must "
+                        "be finite)", NON_FINITE)
+    return value
+
+
+_DOUBLE_MAX_INT = int(float.fromhex("0x1.fffffffffffffp+1023"))  # the largest double
+
+
+def finite_int(text: str) -> int:
+    """``int(text)`` for `json.loads`'s ``parse_int``, refusing an integer no double holds.
+
+    Raises:
+        JsonError: ``non_finite`` (a 400-digit literal: ``float`` of it would raise).
+    """
+    value = int(text)
+    if abs(value) > _DOUBLE_MAX_INT:  # 400 digits: no double holds it, float() would raise
+        raise JsonError(f"number {_clip(text, 40)} is beyond a double's range (numbers must "
+                        "be finite)", NON_FINITE)
+    return value
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise JsonError(f"duplicate key {_clip(k, 40)!r} in a JSON object")
+            raise JsonError(f"duplicate key {_clip(k, 40)!r} in a JSON object", DUPLICATE_KEY)
         out[k] = v
     return out
 
 
 def read_json(payload: bytes, *, max_bytes: int | None = None) -> Any:
     """Strict JSON from an MQTT payload: at most ``max_bytes`` (None: the caller checked),
-    UTF-8, no NaN/Infinity, no duplicate keys, nested at most 32 levels. Every daemon input
-    that is JSON (commands, sensor topics, peers' states and replies) is read through it, so
-    every input of the kind has the same bounds.
+    UTF-8, no NaN/Infinity and no number beyond a double's range (``1e400``, or an integer of
+    more than 308 digits: `float` of it raises), no duplicate
+    keys, nested at most 32 levels. Every daemon input that is JSON (commands, sensor topics,
+    peers' states and replies) is read through it, so every input of the kind has the same
+    bounds.
 
     Raises:
-        JsonError: with a message for the reply or the log.
+        JsonError: with a message for the reply or the log and the kind's ``code``.
     """
     if max_bytes is not None and len(payload) > max_bytes:
-        raise JsonError(f"payload of {len(payload)} bytes, more than {max_bytes}")
+        raise JsonError(f"payload of {len(payload)} bytes, more than {max_bytes}", TOO_LARGE)
     try:
         text = payload.decode("utf-8")
     except UnicodeDecodeError as err:
         raise JsonError(f"payload is not UTF-8 ({err.reason} at byte {err.start})") from None
     try:
-        data = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                          parse_int=finite_int, object_pairs_hook=_unique_keys)
     except JsonError:
         raise
     except RecursionError:
-        raise JsonError(f"JSON nested deeper than {_MAX_DEPTH} levels") from None
+        raise JsonError(f"JSON nested deeper than {_MAX_DEPTH} levels", TOO_DEEP) from None
     except ValueError as err:  # JSONDecodeError, int digits limit
         raise JsonError(f"payload is not valid JSON: {_clip(str(err), 200)}") from None
     if _depth(data) > _MAX_DEPTH:
-        raise JsonError(f"JSON nested deeper than {_MAX_DEPTH} levels")
+        raise JsonError(f"JSON nested deeper than {_MAX_DEPTH} levels", TOO_DEEP)
     return data
 
 

@@ -40,7 +40,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from rackplane.errors import CommandError
 from rackplane.settings import Role
@@ -169,7 +169,7 @@ class LeaseTable:
         if len(set(names)) != len(names):
             raise ValueError(f"lease outputs repeated: {names}")
         for name in names:
-            if not isinstance(name, str) or not _OUTPUT_RE.match(name):
+            if not isinstance(name, str) or not _OUTPUT_RE.fullmatch(name):
                 raise ValueError(f"lease output {name!r} must match {OUTPUT_PATTERN}")
         self._outputs: dict[str, str] = {name: str(desc) for name, desc in items}
         self._leases: dict[str, Lease] = {}
@@ -362,6 +362,37 @@ class LeaseTable:
             entry["description"] = description or None
             out[output] = entry
         return out
+
+    # --- a redundant pair's sync (issue 15) -----------------------------------------------------
+
+    def export(self, now: float) -> list[dict[str, Any]]:
+        """The leases in force at ``now``: ``{output, holder, role, remaining_s, reason}``
+        each (seconds left rounded to 0.1 s), in output order."""
+        return [{"output": o, "holder": lease.holder, "role": lease.role,
+                 "remaining_s": round(lease.remaining_s(now), 1), "reason": lease.reason}
+                for o in self._outputs if (lease := self.holder(o, now)) is not None]
+
+    def restore(self, entries: Iterable[Mapping[str, Any]], now: float) -> list[str]:
+        """Replace the leases by the pair's active's (`export`): each expires
+        ``remaining_s`` after ``now`` (at most ``max_ttl_s``). Entries of unknown outputs,
+        roles without lease priority or bad numbers are skipped. No events: the active
+        logged and published each change (a standby publishes none). Returns the outputs
+        now leased."""
+        new: dict[str, Lease] = {}
+        for e in entries:
+            output, holder, role = e.get("output"), e.get("holder"), e.get("role")
+            rem, reason = e.get("remaining_s"), e.get("reason")
+            if (output not in self._outputs or not isinstance(holder, str)
+                    or PRIORITY.get(str(role), 0) <= 0 or isinstance(rem, bool)
+                    or not isinstance(rem, int | float) or not math.isfinite(rem) or rem <= 0
+                    or not (reason is None or isinstance(reason, str))):
+                continue
+            old = self._leases.get(output)
+            acquired = old.acquired_mono if old is not None and old.holder == holder else now
+            new[output] = Lease(output, holder, cast(Role, role), PRIORITY[str(role)], acquired,
+                                now + min(float(rem), self.max_ttl_s), reason)
+        self._leases = new
+        return sorted(new)
 
     # --- internals ----------------------------------------------------------------------------
 

@@ -6,16 +6,17 @@ shared by the MQTT adapter (`rackplane.io.mqtt`) and the transport-independent c
 
     <base>/status  <base>/state/<thing>  <base>/telemetry/<thing>  <base>/alarm/<id>
     <base>/cmd/<user>/<verb>  <base>/cmd/<user>/<verb>/result
+    <base>/status/<instance>   (one instance of a redundant pair, issue 15)
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rackplane.core.names import check_topic_level
 from rackplane.settings import Identity
 
 __all__ = [
@@ -28,9 +29,6 @@ __all__ = [
     "validate_topic_filter",
 ]
 
-# A topic level we build ourselves (thing, alarm id, verb, daemon): the same alphabet as
-# settings.Identity, so it is also a safe time-series tag value.
-_LEVEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
 
 def encode_json(payload: Any) -> bytes:
@@ -94,19 +92,14 @@ def topic_matches(topic_filter: str, topic: str) -> bool:
 
 
 def _level(value: str, what: str) -> str:
-    if not _LEVEL_RE.match(value):
-        raise ValueError(
-            f"{what} {value!r} must be 1-64 characters of letters, digits, '_', '.', ':' or '-', "
-            "starting with a letter or digit (it is an MQTT topic level)"
-        )
-    return value
+    # A topic level we build (thing, alarm id, verb, daemon, user): rackplane.core.names, the
+    # same rule as every topic level in config, so it is also a safe time-series tag value.
+    return check_topic_level(value, what)
 
 
 def _user_level(user: str) -> str:
-    # The user level is the broker username (DESIGN §3): any non-empty level without wildcards.
-    if not user or any(c in user for c in "/+#\x00"):
-        raise ValueError(f"command user {user!r} must be one non-empty topic level without + or #")
-    return user
+    # The user level is the broker username (DESIGN §3), a topic level like any other.
+    return check_topic_level(user, "command user")
 
 
 class Topics:
@@ -124,9 +117,8 @@ class Topics:
     """
 
     def __init__(self, root: str, identity: Identity, daemon: str) -> None:
-        validate_topic(root)
-        if root.startswith("/") or root.endswith("/") or "//" in root:
-            raise ValueError(f"topic root {root!r} must not have empty levels")
+        for level in root.split("/"):
+            check_topic_level(level, f"topic root {root!r}: level")
         self.root = root
         self.identity = identity
         self.daemon = _level(daemon, "daemon name")
@@ -137,6 +129,11 @@ class Topics:
     def status(self) -> str:
         """``<base>/status`` (retained online / stopping / offline)."""
         return f"{self.base}/status"
+
+    def instance_status(self, instance: str) -> str:
+        """``<base>/status/<instance>``: the status of one instance of a redundant pair
+        (retained online / stopping / offline, its own Last Will), issue 15."""
+        return f"{self.base}/status/{_level(instance, 'instance')}"
 
     def state(self, thing: str) -> str:
         """``<base>/state/<thing>`` (retained JSON)."""

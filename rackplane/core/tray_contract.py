@@ -41,21 +41,67 @@ import re
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["CAP_FIELDS", "CLOCK_EVENT_REASONS", "COMMAND_TTL_MAX_S", "COMMAND_TTL_MIN_S",
-           "POWER_CAP_REASONS", "RELEASABLE_FIELDS", "SCHEMA_MAJOR", "SCHEMA_MINOR",
-           "SCHEMA_VERSION", "THERMAL_REASONS", "AgentStruct", "AgentTelemetry", "DecodedTray",
-           "GpuTelemetry", "NotJsonError", "PortBlock", "TrayShapeError", "TrayStruct",
-           "TrayTelemetry", "UnsupportedVersion", "convert_tray", "decode_json", "decode_tray",
-           "encode_tray",
-           "is_tray_struct", "parse_version", "struct_to_builtins", "unknown_fields"]
+from rackplane.core.envelope import CommandArgs
+
+__all__ = [
+    "AGENT_SAFE_GPU_CAP_W",
+    "CAP_FIELDS",
+    "CLOCK_EVENT_REASONS",
+    "COMMAND_TTL_MAX_S",
+    "COMMAND_TTL_MIN_S",
+    "PAIR_EPOCH_BASE",
+    "POWER_CAP_REASONS",
+    "RACKY_CAP_TTL_S",
+    "RELEASABLE_FIELDS",
+    "SCHEMA_MAJOR",
+    "SCHEMA_MINOR",
+    "SCHEMA_VERSION",
+    "THERMAL_REASONS",
+    "AgentStruct",
+    "AgentTelemetry",
+    "DecodedTray",
+    "GpuTelemetry",
+    "NotJsonError",
+    "PortBlock",
+    "SetPowerLimitsArgs",
+    "TrayShapeError",
+    "TrayStruct",
+    "TrayTelemetry",
+    "UnsupportedVersion",
+    "command_epoch",
+    "convert_tray",
+    "decode_json",
+    "decode_tray",
+    "encode_tray",
+    "is_tray_struct",
+    "no_null_defaults",
+    "parse_version",
+    "struct_to_builtins",
+    "unknown_fields",
+]
+
+RACKY_CAP_TTL_S = 60.0
+"""The TTL racky gives the caps it sends to the node agents, s: an agent releases a cap racky
+stopped refreshing this long after the last command that set it. Shared because rlc's re-grant
+rule waits this long after a rack's lease expired (`rlc.core.leases.LeaseTiming`)."""
+
+AGENT_SAFE_GPU_CAP_W = 200.0
+"""The default per-GPU safe cap, W: what a node agent holds from its start until racky's first
+command and whenever racky's caps expire (tray-agent ``[caps] safe_gpu_cap_w``), and what racky
+assumes of its agents in fleet mode (racky ``[fleet] agent_safe_gpu_cap_w``). One constant so
+the two defaults agree: Σ of a default rack's safe caps (72 GPUs × 200 W × 1.486 + 3.6 kW ≈
+25 kW) fits the default rack floor (`rackplane.core.budget_leases.DEFAULT_RACK_FLOOR_W`).
+200 W is the lowest limit a B200 accepts (racky's ``node_agents.gpu_min_power_limit_w``): an
+agent clamps a lower one up. Each agent states its own in its telemetry (``safe_gpu_cap_w``,
+since 1.2), so racky checks what its agents really do against what it assumes."""
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 0
+SCHEMA_MINOR = 2
 SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
 """The contract version this code speaks (telemetry ``schema_version``, command args too)."""
 
@@ -83,12 +129,39 @@ COMMAND_TTL_MIN_S = 1.0
 COMMAND_TTL_MAX_S = 3600.0
 """The range of a command's ``ttl_s``, s."""
 
+PAIR_EPOCH_BASE = 2**62
+"""Where a redundant pair's command epochs start (docs/CONTRACTS.md "Command epochs"): one
+instance's epoch is its start time in ms since the Unix epoch (about 1.8e12 in 2027, below
+2**62 until the year 146 million), a pair member's is ``2**62 + `` its lease epoch (the
+JetStream revision of its acquisition, monotonic per bucket, < 2**62). So every pair epoch
+is newer than every single-instance epoch, a takeover is newer than its predecessor, and a
+single instance restarted later is newer than its earlier start."""
+
+
+def command_epoch(start_ms: int, lease_epoch: int) -> int:
+    """The epoch a sender's commands carry: ``start_ms`` (ms since the Unix epoch, the
+    sender's start) for a single instance (``lease_epoch`` 0), else ``PAIR_EPOCH_BASE +
+    lease_epoch`` (a pair member holding the lease of that epoch).
+
+    Raises:
+        ValueError: ``start_ms`` not in [0, 2**62) or ``lease_epoch`` not in [0, 2**62)
+            (neither happens on a real clock or bucket; the epoch spaces would overlap).
+    """
+    if not 0 <= lease_epoch < PAIR_EPOCH_BASE:
+        raise ValueError(f"lease epoch {lease_epoch} is not in [0, 2**62)")
+    if lease_epoch:
+        return PAIR_EPOCH_BASE + lease_epoch
+    if not 0 <= start_ms < PAIR_EPOCH_BASE:
+        raise ValueError(f"start time {start_ms} ms is not in [0, 2**62)")
+    return start_ms
+
+
 _VERSION_RE = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")
 
 
 def parse_version(v: str) -> tuple[int, int] | None:
     """``"MAJOR.MINOR"`` as (major, minor); None when ``v`` is not of that form."""
-    m = _VERSION_RE.match(v)
+    m = _VERSION_RE.fullmatch(v)
     return None if m is None else (int(m.group(1)), int(m.group(2)))
 
 
@@ -143,6 +216,43 @@ class GpuTelemetry(_Payload):
                                 "unsigned 64-bit; null: unknown")
     ports: PortBlock | None = Field(None, description="the GPU's link ports; null / absent: "
                                     "not read")
+    # contract 1.1 (optional): what racky's cap-drift classification and the operators need
+    power_kind: str | None = Field(
+        None, description="since 1.1: which figure power_w is: instant (instantaneous "
+        "reading), average (the driver's 1 s average, NVML power usage on current GPUs), "
+        "energy (the energy counter's increase over the interval); null: not stated")
+    energy_mj: int | None = Field(
+        None, description="since 1.1: the GPU's energy counter, mJ, unsigned 64-bit (NVML "
+        "total energy consumption; restarts with the driver); null: not read")
+    power_limit_w: float | None = Field(
+        None, description="since 1.1: this GPU's enforced power limit read back, W, >= 0; "
+        "null: not read")
+    power_limit_min_w: float | None = Field(
+        None, description="since 1.1: the device's lowest settable power limit, W, >= 0; "
+        "null: not read")
+    power_limit_max_w: float | None = Field(
+        None, description="since 1.1: the device's highest settable power limit, W, >= 0; "
+        "null: not read")
+    power_limit_default_w: float | None = Field(
+        None, description="since 1.1: the device's default power limit, W, >= 0; null: not "
+        "read")
+    # contract 1.2 (optional): the GPU's health events (NVML ECC totals and Xid events)
+    ecc_corrected_volatile: int | None = Field(
+        None, description="since 1.2: corrected device-memory ECC errors since the driver "
+        "loaded (NVML volatile total), unsigned 64-bit; null: not read (ECC off or not "
+        "offered)")
+    ecc_uncorrected_volatile: int | None = Field(
+        None, description="since 1.2: uncorrected device-memory ECC errors since the driver "
+        "loaded (NVML volatile total), unsigned 64-bit; null: not read (ECC off or not "
+        "offered)")
+    xid_total: int | None = Field(
+        None, description="since 1.2: Xid critical errors the agent saw for this GPU since "
+        "the agent started (NVML nvmlEventTypeXidCriticalError), unsigned 64-bit; null: the "
+        "source offers no Xid events")
+    xids: list[int] | None = Field(
+        None, description="since 1.2: the Xid numbers seen since the tray's previous message, "
+        "oldest first, at most 16 (xid_total counts them all); null: the source offers no "
+        "Xid events")
 
 
 class AgentTelemetry(_Payload):
@@ -172,6 +282,18 @@ class AgentTelemetry(_Payload):
     cap_expires_in_s: float | None = Field(
         None, description="s until the caps set expire (their command's ttl_s), >= 0; null: "
         "no cap set")
+    cap_enforceable: bool | None = Field(
+        None, description="since 1.1: false: this agent cannot apply caps (it reads the tray "
+        "only, e.g. through DCGM): its enforced figures are what it reads, no command changes "
+        "them; null: not stated")
+    cap_clamped: bool | None = Field(
+        None, description="since 1.1: a GPU's limit had to be moved into the device's "
+        "[min, max] limits (the enforced figures are the clamped ones); null: not stated")
+    safe_gpu_cap_w: float | None = Field(
+        None, description="since 1.2: the per-GPU limit this agent falls to when its caps "
+        "expire (and holds from its start until the first command), W, >= 0, as it would "
+        "enforce it (raised to the device's lowest settable limit); null: not stated, or the "
+        "agent cannot apply caps")
 
 
 class TrayTelemetry(_Payload):
@@ -484,3 +606,73 @@ def struct_to_builtins(obj: Any) -> Any:
     """A Struct (or containers of them) back as plain JSON-like objects (every field, nulls
     included)."""
     return msgspec.to_builtins(obj)
+
+
+# --- commands: set_power_limits args, shared by every agent and sender -----------------------
+
+
+def no_null_defaults(schema: dict[str, Any]) -> None:
+    """Drop ``"default": null`` from the properties of a model whose optional fields may be
+    left out but never be null (a null default would read as "null allowed")."""
+    for prop in schema.get("properties", {}).values():
+        if prop.get("default", 0) is None:
+            del prop["default"]
+
+
+class SetPowerLimitsArgs(CommandArgs):
+    """``set_power_limits`` args of the node-agent contract v1 (docs/CONTRACTS.md), the one
+    definition every side reads: a field left out keeps its value; ``null`` is never a value
+    (refused); a cap or ramp limit is removed by naming it in ``release``; ``epoch`` is the
+    sender's; a command that sets a cap carries ``ttl_s``. The simulator's agents
+    (`sims.telemetry`) and `trayagent.contract` subclass it with their own title and
+    docstring (their JSON Schemas' descriptions).
+
+    Raises:
+        pydantic.ValidationError: a field out of its bounds, null, a limit both set and
+            released, a cap without ``ttl_s``."""
+
+    # validate_default off: a field left out is None (absent), never a value; a null sent is
+    # refused by the field's type
+    model_config = ConfigDict(strict=True, title="set_power_limits args (node-agent "
+                              "contract v1)", json_schema_extra=no_null_defaults,
+                              validate_default=False)
+
+    schema_version: str = Field(pattern=r"^1\.(0|[1-9][0-9]{0,5})$",
+                                description="contract version, MAJOR.MINOR (major 1)")
+    trays: list[int] = Field(min_length=1, max_length=64, description="0-based tray indices")
+    epoch: int = Field(ge=0, le=2**63 - 1, description="the sender's epoch: grows with every "
+                       "start of the sender (racky: its start time, ms since the Unix epoch; "
+                       "one of a pair: 2**62 + its lease epoch, `command_epoch`)")
+    ttl_s: float = Field(None, ge=COMMAND_TTL_MIN_S, le=COMMAND_TTL_MAX_S,  # type: ignore[assignment]
+                         allow_inf_nan=False, description="the caps set expire this long "
+                         "after the agent applied the command, s (required with a cap)")
+    power_cap_w: float = Field(None, gt=0, allow_inf_nan=False,  # type: ignore[assignment]
+                               description="whole-tray cap, W")
+    gpu_power_cap_w: float = Field(None, gt=0, allow_inf_nan=False,  # type: ignore[assignment]
+                                   description="per-GPU cap, W")
+    power_floor_pct: float = Field(None, ge=0, le=100,  # type: ignore[assignment]
+                                   allow_inf_nan=False, description="per-GPU floor, % of TGP")
+    ramp_up_w_per_s: float = Field(None, gt=0, allow_inf_nan=False,  # type: ignore[assignment]
+                                   description="per-GPU ramp-up limit, W/s")
+    ramp_down_w_per_s: float = Field(None, gt=0, allow_inf_nan=False,  # type: ignore[assignment]
+                                     description="per-GPU ramp-down limit, W/s")
+    ramp_down_hysteresis_s: float = Field(None, ge=0, le=3600,  # type: ignore[assignment]
+                                          allow_inf_nan=False, description="hold before "
+                                          "ramp-down, s")
+    powered: bool = Field(None, description="tray power on/off")  # type: ignore[assignment]
+    release: list[Literal["power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s",
+                          "ramp_down_w_per_s"]] = Field(
+        default_factory=list, max_length=4,
+        description="limits to remove (no cap / no ramp limit); never also set in the command")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SetPowerLimitsArgs:
+        given = self.model_fields_set
+        if len(set(self.release)) != len(self.release):
+            raise ValueError("release names a limit twice")
+        both = sorted(set(self.release) & given)
+        if both:
+            raise ValueError(f"{both} both set and released")
+        if given & set(CAP_FIELDS) and "ttl_s" not in given:
+            raise ValueError("a cap needs ttl_s")
+        return self

@@ -47,9 +47,11 @@ __all__ = [
     "MEASUREMENT",
     "PROM_PREFIX",
     "REFRESH_S",
+    "REFUSALS_MEASUREMENT",
     "TELEMETRY_ALARMS",
     "SelfMetrics",
     "SelfMetricsSnapshot",
+    "counter_fields",
     "pv_age_s",
     "snapshot_fields",
     "telemetry_alarm_conditions",
@@ -63,6 +65,13 @@ REFRESH_S = 1.0
 
 PROM_PREFIX = "rackplane_"
 
+REFUSALS_MEASUREMENT = "command_refusals"
+"""Time-series measurement of the refusals per code: tags ``daemon`` and ``code``, field
+``refused`` (issue 14 item 13). A counter: monotonic since the daemon started (Python ints do
+not wrap; written as floats, exact to 2**53 refusals), back to 0 at a restart, so a panel
+shows it as a rate (``non_negative_derivative``). Its cardinality is bounded by the codes the
+router and the daemon's handlers can refuse with."""
+
 
 def _gauge(help_: str) -> Any:
     return field(metadata={"kind": "gauge", "help": help_})
@@ -74,7 +83,14 @@ def _counter(help_: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class SelfMetricsSnapshot:
-    """The self-metrics at one moment (units in the names; counters since process start)."""
+    """The self-metrics at one moment (units in the names; counters since process start).
+
+    Counters (``kind`` "counter" in the field metadata; `counter_fields`) are Python ints:
+    no width, they never wrap or saturate; they start at 0 when the process starts, so a
+    restart is a reset. Prometheus exposes them as counters (``_total``; ``rate()`` handles a
+    reset); in the time series they are floats, exact up to 2**53, and the dashboards show
+    them only as rates (``non_negative_derivative``: a reset is never a negative rate).
+    """
 
     uptime_s: float = _gauge("seconds since the daemon started")
     tick_late_last_s: float = _gauge("lateness of the last control tick, s")
@@ -92,19 +108,58 @@ class SelfMetricsSnapshot:
         "lines lost: spool bound, memory bound while the spool failed, written after close"
     )
     telemetry_rejected_lines: int = _counter("lines the database refused as invalid")
+    telemetry_ts_out_of_window_lines: int = _counter(
+        "lines whose timestamp was outside 2020..2100: restamped, held or dropped per "
+        "tsdb.ts_out_of_window, never written as they were (drops also in "
+        "telemetry_dropped_lines)"
+    )
     mqtt_connected: bool = _gauge("1 while the broker connection is up")
     mqtt_reconnects: int = _counter("broker connects accepted after the first")
     modbus_reconnects: int = _counter("Modbus TCP connects after the first, all devices")
+    modbus_exception_replies: int = _counter(
+        "Modbus exception responses received (any code: refused addresses, busy, gateway "
+        "10/11), all devices"
+    )
+    modbus_invalid_samples: int = _counter(
+        "samples read BAD or OUT_OF_RANGE (NaN/Inf, outside the point's range, decode "
+        "failures), all devices; their values are never written, their _quality is"
+    )
+    input_invalid_samples: int = _counter(
+        "MQTT inputs not usable: sensor samples that are unparsable, of the wrong type, "
+        "NaN/Inf, a state that is no state or outside their plausibility window (valvey); "
+        "tray telemetry and cooling messages refused, cooling values outside their windows "
+        "(racky); never used, each counted"
+    )
+    lease_renew_latency_s: float | None = _gauge(
+        "one of a redundant pair: the last leadership lease renewal, request sent to answer "
+        "(or to giving up), s; absent for a single instance or before the first renewal"
+    )
+    leadership_acquisitions: int = _counter(
+        "one of a redundant pair: tenures this instance began (failovers and handovers to it)"
+    )
     commands_received: int = _counter("command messages received")
     commands_rejected: int = _counter("commands refused (any refusal code)")
+    commands_refused: dict[str, int] = field(default_factory=dict, metadata={
+        "kind": "counter_by_code",
+        "help": "commands refused, per refusal code (label/tag code)"})
 
     def fields(self) -> dict[str, float | None]:
-        """Time-series fields: numbers as float, booleans 1.0/0.0, None left out by the writer."""
+        """Time-series fields of measurement `MEASUREMENT`: numbers as float, booleans
+        1.0/0.0, None left out by the writer (the per-code counters go to
+        `REFUSALS_MEASUREMENT`, one point per code: `refusal_points`)."""
         out: dict[str, float | None] = {}
         for f in dataclasses.fields(self):
+            if f.metadata["kind"] == "counter_by_code":
+                continue
             v = getattr(self, f.name)
             out[f.name] = None if v is None else float(v)
         return out
+
+    def refusal_points(self) -> list[tuple[dict[str, str], dict[str, float]]]:
+        """(tags, fields) per refusal code for `REFUSALS_MEASUREMENT`: tag ``code``, field
+        ``refused`` (the monotonic count since start), sorted by code."""
+        return [({"code": code}, {"refused": float(n)})
+                for code, n in sorted(self.commands_refused.items())]
 
 
 def snapshot_fields() -> tuple[str, ...]:
@@ -112,12 +167,19 @@ def snapshot_fields() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(SelfMetricsSnapshot))
 
 
+def counter_fields() -> tuple[str, ...]:
+    """Names of the self-metric fields that are counters (monotonic since process start)."""
+    return tuple(f.name for f in dataclasses.fields(SelfMetricsSnapshot)
+                 if f.metadata["kind"] == "counter")
+
+
 TELEMETRY_ALARMS: tuple[AlarmDef, ...] = (
     AlarmDef(
         id="telemetry_spool_failed", severity="major", off_delay_s=10.0,
         message="telemetry spool cannot be written (disk full, unwritable or another format "
         "version): telemetry waits in memory, the oldest telemetry is dropped and counted "
-        "beyond spool.memory_max_lines; alarms and command audits are kept",
+        "beyond spool.memory_max_lines; alarms and command audits are kept. Or it is held "
+        "by another process: telemetry goes to a fallback folder beside it (logged)",
         runbook="operations-spool",
     ),
     AlarmDef(
@@ -134,9 +196,11 @@ spool raises a clear alarm). Add them to the daemon's `rackplane.core.alarms.Ala
 
 def telemetry_alarm_conditions(writer_stats: Any) -> dict[str, bool]:
     """Conditions of `TELEMETRY_ALARMS` from a `rackplane.io.tsdb.TelemetryStats`: the spool is
-    failing; lines are waiting while sends fail (backoff running)."""
+    failing or held by another process (a fallback in use); lines are waiting while sends
+    fail (backoff running)."""
     return {
-        "telemetry_spool_failed": not writer_stats.spool_ok,
+        "telemetry_spool_failed": not writer_stats.spool_ok
+        or getattr(writer_stats, "spool_fallback", None) is not None,
         "telemetry_backlog": writer_stats.depth_lines > 0 and writer_stats.backoff_s > 0,
     }
 
@@ -169,10 +233,16 @@ class _Collector:
         daemon = self._owner.daemon
         for f in dataclasses.fields(snap):
             v = getattr(snap, f.name)
-            if v is None or (isinstance(v, float) and not math.isfinite(v)):
-                continue
             name, help_ = PROM_PREFIX + f.name, f.metadata["help"]
             fam: Metric
+            if f.metadata["kind"] == "counter_by_code":
+                fam = CounterMetricFamily(name, help_, labels=["daemon", "code"])
+                for code, n in sorted(v.items()):
+                    fam.add_metric([daemon, code], float(n))
+                yield fam
+                continue
+            if v is None or (isinstance(v, float) and not math.isfinite(v)):
+                continue
             if f.metadata["kind"] == "counter":
                 fam = CounterMetricFamily(name, help_, labels=["daemon"])
             else:
@@ -250,11 +320,15 @@ class SelfMetrics:
         commands: _HasStats | None = None,
         devices: Sequence[_HasStats] = (),
         pv_age_s: float | None = None,
+        input_invalid: int = 0,
+        leadership: Any = None,
     ) -> SelfMetricsSnapshot:
         """A snapshot from the daemon's parts (each optional part contributes zeros when
         absent): ``writer`` a `rackplane.io.tsdb.TelemetryWriter`, ``mqtt`` a
         `rackplane.io.mqtt.MqttLink`, ``commands`` a `rackplane.commands.CommandRouter`,
-        ``devices`` `rackplane.io.modbus.ModbusDevice` objects."""
+        ``devices`` `rackplane.io.modbus.ModbusDevice` objects; ``input_invalid`` the
+        daemon's count of unusable MQTT inputs (`input_invalid_samples`); ``leadership``
+        a pair's `rackplane.io.nats.lease.LeaseRunner` (None: a single instance)."""
         w = writer.stats if writer is not None else None
         m = mqtt.stats if mqtt is not None else None
         c = commands.stats if commands is not None else None
@@ -271,11 +345,19 @@ class SelfMetrics:
             telemetry_sent_lines=w.sent if w else 0,
             telemetry_dropped_lines=w.dropped if w else 0,
             telemetry_rejected_lines=w.rejected if w else 0,
+            telemetry_ts_out_of_window_lines=w.ts_out_of_window if w else 0,
             mqtt_connected=bool(m.connected) if m else False,
             mqtt_reconnects=m.reconnects if m else 0,
             modbus_reconnects=sum(d.stats.reconnects for d in devices),
+            modbus_exception_replies=sum(d.stats.exception_replies for d in devices),
+            modbus_invalid_samples=sum(d.stats.invalid_samples for d in devices),
+            input_invalid_samples=input_invalid,
+            lease_renew_latency_s=(None if leadership is None
+                                   else leadership.renew_latency_s),
+            leadership_acquisitions=leadership.acquisitions if leadership is not None else 0,
             commands_received=c.received if c else 0,
             commands_rejected=c.refused_total if c else 0,
+            commands_refused=dict(c.refused) if c else {},
         )
 
     def tick(
@@ -288,6 +370,8 @@ class SelfMetrics:
         commands: _HasStats | None = None,
         devices: Sequence[_HasStats] = (),
         pv_age_s: float | None = None,
+        input_invalid: int = 0,
+        leadership: Any = None,
     ) -> None:
         """Call from the control tick: refreshes the snapshot every `REFRESH_S` and writes it
         to ``writer`` (measurement `MEASUREMENT`) every ``settings.interval_s``. Cheap
@@ -296,12 +380,15 @@ class SelfMetrics:
             return
         self._next_refresh = now_mono + REFRESH_S
         snap = self.collect(now_mono, tick_stats=tick_stats, writer=writer, mqtt=mqtt,
-                            commands=commands, devices=devices, pv_age_s=pv_age_s)
+                            commands=commands, devices=devices, pv_age_s=pv_age_s,
+                            input_invalid=input_invalid, leadership=leadership)
         self.snapshot = snap
         if writer is not None and now_mono >= self._next_write:
             self._next_write = now_mono + self.settings.interval_s
             if writer.write(MEASUREMENT, {"daemon": self.daemon}, snap.fields()):
                 self.points_written += 1
+            for tags, values in snap.refusal_points():
+                writer.write(REFUSALS_MEASUREMENT, {"daemon": self.daemon, **tags}, values)
 
     def status(self) -> dict[str, Any]:
         """The latest snapshot as a dict for ``state/health`` (empty before the first tick)."""

@@ -11,7 +11,11 @@ DESIGN §3 Service:
   drains within its stop budget); SIGHUP asks it to reload.
 
 sd_notify goes through the ``sdnotify`` library (pure Python, tiny, does nothing when
-``NOTIFY_SOCKET`` is unset), chosen over hand-rolled datagram code.
+``NOTIFY_SOCKET`` is unset), chosen over hand-rolled datagram code. The library drops a
+``NOTIFY_SOCKET`` it cannot use without a word; `Notifier` checks it at start and logs
+``systemd_notify_socket_unusable`` once (a ``vsock:`` address, a relative path, a socket it
+cannot connect to), and a send that fails later once per failing spell
+(``systemd_notify_failed``, counted in ``send_errors``).
 """
 
 from __future__ import annotations
@@ -40,11 +44,16 @@ class Notifier:
         clock: monotonic time for the ping interval.
     """
 
-    def __init__(self, clock: Clock, environ: dict[str, str] | None = None):
+    def __init__(self, clock: Clock, environ: dict[str, str] | None = None, *,
+                 log: Any = None):
         env = dict(os.environ if environ is None else environ)
         self._clock = clock
-        self._enabled = bool(env.get("NOTIFY_SOCKET"))
-        self._sd = sdnotify.SystemdNotifier() if self._enabled else None
+        self._log = log if log is not None else get_logger("rackplane.io.service")
+        address = env.get("NOTIFY_SOCKET") or None
+        self.unusable: str | None = None
+        """Why ``NOTIFY_SOCKET`` is set but cannot be used (logged once here), else None."""
+        self._sd = self._connect(address) if address else None
+        self._enabled = address is not None
         self.watchdog_interval_s: float | None = None
         usec = env.get("WATCHDOG_USEC")
         pid = env.get("WATCHDOG_PID")
@@ -53,12 +62,60 @@ class Notifier:
             # Ping at a quarter of the interval: well inside the ≤ WATCHDOG_USEC/2 BR-24 asks.
             self.watchdog_interval_s = int(usec) / 1e6 / 4
         self.ready_sent = False
+        self.send_errors = 0
+        self._send_failing = False
         self._last_ping: float | None = None
         self.pings = 0
 
+    def _connect(self, address: str) -> Any:
+        """An sdnotify notifier for ``address``, or None after logging why it cannot be used.
+
+        systemd sets an absolute path or an abstract socket (``@name``); ``vsock:``
+        addresses (systemd >= 254, for VMs) and anything else are not supported by the
+        library, which would drop them without a word (issue 14 item 15).
+        """
+        if address.startswith("vsock:"):
+            why = "AF_VSOCK addresses are not supported (sdnotify speaks AF_UNIX only)"
+        elif not address.startswith(("/", "@")):
+            why = "not an absolute path or an abstract socket (@name)"
+        else:
+            why = None
+        sd = None
+        if why is None:
+            saved = os.environ.get("NOTIFY_SOCKET")
+            os.environ["NOTIFY_SOCKET"] = address  # sdnotify reads it from the environment
+            try:
+                sd = sdnotify.SystemdNotifier(debug=True)
+            except OSError as err:
+                why = f"cannot connect: {err}"
+            finally:
+                if saved is None:
+                    del os.environ["NOTIFY_SOCKET"]
+                else:
+                    os.environ["NOTIFY_SOCKET"] = saved
+        if why is not None:
+            self.unusable = why
+            self._log.error(
+                "systemd_notify_socket_unusable", notify_socket=address, reason=why,
+                effect="no READY/WATCHDOG/STOPPING notifications: a Type=notify unit times "
+                "out at start, and WatchdogSec= would kill the daemon; see docs/OPERATIONS.md")
+            return None
+        return sd  # debug=True: a send failure raises, so `_send` counts and logs it
+
     def _send(self, msg: str) -> None:
-        if self._sd is not None:
+        if self._sd is None:
+            return
+        try:
             self._sd.notify(msg)
+        except OSError as err:
+            self.send_errors += 1
+            if not self._send_failing:
+                self._send_failing = True
+                self._log.error("systemd_notify_failed", error=str(err), message=msg[:40])
+            return
+        if self._send_failing:
+            self._send_failing = False
+            self._log.info("systemd_notify_recovered")
 
     def ready(self, status: str = "") -> None:
         """Send ``READY=1`` (once; later calls do nothing)."""

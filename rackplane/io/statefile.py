@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rackplane.core.envelope import finite_int
 from rackplane.errors import RackplaneError
 from rackplane.io.files import move_aside, write_atomic
 from rackplane.log import get_logger
@@ -95,7 +96,8 @@ class StateFile:
         except (OSError, UnicodeDecodeError) as err:
             raise StateFileError(f"cannot read state file {self.path}: {err}") from None
         try:
-            doc = json.loads(text)
+            # no integer a double cannot hold: a 400-digit one made float() raise at start
+            doc = json.loads(text, parse_int=finite_int)
         except ValueError as err:
             raise StateFileError(f"state file {self.path} is not JSON ({err})") from None
         if not isinstance(doc, dict) or doc.get("format") != self.fmt:

@@ -7,23 +7,21 @@ its condition first becomes true and dropping it once it is back to normal, so e
 still has the shared lifecycle (on/off delays, latch, ack, shelve, start-up inhibit) and the
 cost per tick is proportional to the alarms that exist, not to the things watched.
 
-Alarm ids are ``<kind>.<thing>`` (``link_flapping.gpu07-nic1``, ``cap_drift.tray05``) or the
-kind alone for rack-wide alarms; '/' in a thing's name becomes '-' (an id is an MQTT topic
-level, `rackplane.core.alarms.AlarmDef`).
+Alarm ids are ``<kind>:<thing>`` (``link_flapping:gpu07-nic1``, ``cap_drift:tray05``) or the
+kind alone for rack-wide alarms, built by `rackplane.core.names.alarm_id` ('/' and '.' in a
+thing's name become '-'; an id is an MQTT topic level, docs/CONTRACTS.md "Alarm ids").
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from rackplane.core.alarms import AlarmDef, AlarmEngine, AlarmEvent, AlarmSnapshot, Severity
+from rackplane.core.names import alarm_id
 from rackplane.errors import CommandError
 
 __all__ = ["AlarmBank", "AlarmKind", "alarm_id", "kind_of_def"]
-
-_BAD = re.compile(r"[^a-z0-9_.-]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +49,6 @@ def kind_of_def(d: AlarmDef) -> AlarmKind:
     return AlarmKind(kind=d.id, severity=d.severity, message=msg,
                      on_delay_s=d.on_delay_s, off_delay_s=d.off_delay_s, latch=d.latch,
                      startup_inhibit_s=d.startup_inhibit_s, runbook=d.runbook)
-
-
-def alarm_id(kind: str, thing: str = "") -> str:
-    """``<kind>.<thing>`` (or ``<kind>``) as a valid alarm id (lowercase, '/' → '-')."""
-    if not thing:
-        return kind
-    slug = _BAD.sub("_", thing.lower().replace("/", "-"))
-    return f"{kind}.{slug}"[:64]
 
 
 class AlarmBank:

@@ -3,7 +3,7 @@
 `RackyCore.step(now_mono, inputs, wall_ns)` takes the latest power-shelf samples, node-agent
 tray readings, the rack's link frame and the cooling loop's state, and returns the node-agent
 commands to send, the alarm events and what to publish. The daemon (racky/app.py) and the
-lock-step runner (harness/lockstep_racky.py) drive the same core, so every figure measured in
+lock-step runner (harness/lockstep_racky/) drive the same core, so every figure measured in
 lock-step is the daemon's behaviour.
 
 Each tick, in order:
@@ -42,11 +42,13 @@ from racky.core import views
 from racky.core.agent_settings import (
     AgentCommand,
     DesiredTray,
+    DeviceLimits,
     Reconciler,
     Sequencer,
     diff_commands,
 )
 from racky.core.alarmbank import AlarmBank
+from racky.core.campaign_gate import JUDGED_KEEP, JudgedRun, check_production
 from racky.core.lifecycle import PersistedState
 from racky.core.linkframe import LinkFrame
 from racky.core.links import LINK_ALARM_KINDS, LinkHealth, LinkStep
@@ -151,11 +153,12 @@ class RackyCore:
         self.cycle_on_at: dict[int, float] = {}  # tray -> when its power cycle switches it on
         self.alloc = CapAllocator(p, a, cfg.control.tick_s)
         self.seq = Sequencer(p.sequencing, self.n_trays)
-        self.recon = Reconciler(p, self.n_trays)
+        self.recon = Reconciler(p, self.n_trays, DeviceLimits.of(a, self.alloc.other_share))
         self.blast = BlastRadius(p.blast_radius)
         self.thermal = ThermalWatch(cfg.thermal, cfg.cooling, a.trays, a.gpus_per_tray,
                                     a.gpu_tgp_w, a.gpu_min_power_limit_w)
         self.links: LinkHealth | None = None
+        self._baselines_saved = 0
         self.desired_powered: list[bool | None] = [None] * self.n_trays
         for k in persisted.safety_off:
             if 0 <= k < self.n_trays:
@@ -179,14 +182,37 @@ class RackyCore:
         self._ranks = np.array([p.classes[p.tray_classes.get(str(k), p.default_class)]
                                 for k in range(self.n_trays)])
         self.table: TrayTable | None = None
+        #: fleet mode (issue 16): the budget rlc's lease allows now, W (None: not in a fleet)
+        self.fleet_budget_w: float | None = None
+        #: the judge epoch: racky's leadership epoch (0: single; set by the daemon each tick)
+        self.judge_epoch = 0
+        #: the last step's per-tray demand estimate (W, (trays,)), for the fleet report
+        self.tray_demand_w: np.ndarray = np.zeros(self.n_trays)
 
     # --- helpers ------------------------------------------------------------------------
 
     @property
     def budget_w(self) -> float | None:
-        """The budget in force: an operator's ``set_budget`` over the config's."""
+        """The budget in force: the rack's own (`own_budget_w`), bounded in fleet mode by the
+        fleet budget (``fleet_budget_w``: rlc's lease, or the floor without one; set by the
+        daemon before each step, `racky.fleet`)."""
+        own = self.own_budget_w
+        fb = self.fleet_budget_w
+        if fb is None:
+            return own
+        return fb if own is None else min(own, fb)
+
+    @property
+    def own_budget_w(self) -> float | None:
+        """An operator's ``set_budget`` over the config's. A persisted
+        budget above ``power.rack_capacity_w`` (set by an older version, or the capacity
+        lowered since) counts as the capacity (the safe side; ``budget_out_of_range``)."""
         ps = self.persisted
-        return ps.budget_w if ps.budget_set else self.cfg.power.budget_w
+        if not ps.budget_set:
+            return self.cfg.power.budget_w
+        if ps.budget_w is not None and ps.budget_w > self.cfg.power.rack_capacity_w:
+            return self.cfg.power.rack_capacity_w
+        return ps.budget_w
 
     def _changed(self) -> None:
         self.persist_version += 1
@@ -244,7 +270,9 @@ class RackyCore:
         cool_fresh = cool is not None and now - cool.t_mono <= cfg.power.derate.stale_after_s
         tfws = cool.facility_supply_temp_c if cool is not None else None
         derate_before = self.derate.cap_w
-        der = self.derate.step(tfws, cool_fresh, dt, uncapped)
+        der = self.derate.step(tfws, cool_fresh, dt, uncapped,
+                               None if cool is None else cool.capacity_w_per_k,
+                               None if cool is None else cool.setpoint_c)
         if der is not None and derate_before is None:
             self.actions.append((now, f"derate to {der:.0f} W at facility water {tfws} °C"))
         for user in [u for u, rc in self.requested.items() if now >= rc.until_mono]:
@@ -272,6 +300,7 @@ class RackyCore:
         powered = np.array([x is True for x in self.desired_powered])
         rep_on = tt.powered
         demand = self.alloc.demand(tt)
+        self.tray_demand_w = demand
         v = TrayPowerView(powered & rep_on, tt.power_w, demand, tt.enforced_tray_cap_w, fresh,
                           self._ranks)
         caps = self.alloc.allocate(limit.limit_w, self.non_tray_w, v, rack_w, dt)
@@ -289,6 +318,7 @@ class RackyCore:
         cmds = diff_commands([self.last_sent[k] for k in seen], [desired[k] for k in seen],
                              "cap loop")
         cmds = [AgentCommand(tuple(seen[i] for i in c.trays), c.args, c.reason) for c in cmds]
+        self.recon.limits = DeviceLimits.of(cfg.node_agents, self.alloc.other_share)
         resend, drift = self.recon.step(now, desired, trays, fresh)
         resend = [k for k in resend if k not in {t for c in cmds for t in c.trays}]
         if resend:
@@ -313,11 +343,17 @@ class RackyCore:
             if self.links is None:
                 self.links = LinkHealth(cfg.links, cfg.traffic, inp.frame,
                                         cfg.node_agents.stale_after_s)
+                self.links.restore_baselines(self.persisted.link_baselines)
+                self._baselines_saved = self.links.baseline_version
             gpu_off = np.repeat(~(powered & rep_on), self.gpt)
             gpu_grace = np.repeat(now - self.power_changed_at <= POWER_GRACE_S, self.gpt)
             gpu_on_port = inp.frame.gpu
             lstep = self.links.step(now, inp.frame, gpu_off[gpu_on_port],
                                     gpu_grace[gpu_on_port])
+            if self.links.baseline_version != self._baselines_saved:  # hourly: persist them
+                self._baselines_saved = self.links.baseline_version
+                self.persisted.link_baselines = self.links.export_baselines()
+                self.persist_version += 1
         self.frame = inp.frame
 
         # 6. alarms
@@ -397,6 +433,11 @@ class RackyCore:
                        {"": f"{_kw(rack_w)} > {_kw(limit.limit_w)} ({limit.source})"})
         ev += b.update(now, "budget_infeasible", [""] if self.alloc.infeasible else [],
                        {"": f"limit {_kw(limit.limit_w)}"})
+        pb = self.persisted.budget_w if self.persisted.budget_set else None
+        bad_budget = pb is not None and pb > self.cfg.power.rack_capacity_w
+        ev += b.update(now, "budget_out_of_range", [""] if bad_budget else [],
+                       {"": f"set_budget {_kw(pb)} > power.rack_capacity_w "
+                            f"{_kw(self.cfg.power.rack_capacity_w)}: capacity used"})
         ev += b.update(now, "cap_drift", {f"tray{k:02d}": None for k in drift},
                        {f"tray{k:02d}": why for k, why in drift.items()})
         ev += b.update(now, "agent_refused", {f"tray{k:02d}": None for k in self.refused},
@@ -418,13 +459,17 @@ class RackyCore:
         assert run is not None
         phase = run.phase_at(now)
         if phase is None:
-            res = run.judge()
+            res = run.judge(self.judge_epoch)
             self.validation = None
             self.last_result = res
             self.persisted.last_validation = res.summary()
+            if run.run_id is not None:
+                jr = self.persisted.judged_runs
+                jr.append(JudgedRun(run.run_id, run.stage, res.passed, self.judge_epoch, wall_ns))
+                del jr[:-JUDGED_KEEP]
             self.persisted.lifecycle.validation_result(
                 res.passed, f"{res.stage} validation {'passed' if res.passed else 'failed'}",
-                wall_ns)
+                wall_ns, promote=not self.cfg.fleet.enabled)
             self._changed()
             return res
         trays = run.trays if run.trays is not None else tuple(range(self.n_trays))
@@ -623,20 +668,28 @@ class RackyCore:
         self.persisted.budget_w = power_w
         self._changed()
 
-    def set_lifecycle(self, state: str, reason: str, user: str, wall_ns: int) -> bool:
-        """Operator lifecycle change (rules: `racky.core.lifecycle.Lifecycle.set_by_command`)."""
+    def set_lifecycle(self, state: str, reason: str, user: str, wall_ns: int,
+                      evidence: Mapping[str, Any] | None = None) -> bool:
+        """Operator lifecycle change (rules: `racky.core.lifecycle.Lifecycle.set_by_command`;
+        in fleet mode production only on rlc's order with ``evidence``:
+        `racky.core.campaign_gate.check_production`). A quarantine forgets the judged runs."""
+        if state == "production" and self.cfg.fleet.enabled:
+            check_production(user, evidence, self.persisted.judged_runs, self.judge_epoch,
+                             self.cfg.campaign_gate)
         if state == "production" and self.validation is not None:
             raise CommandError("invalid_transition", "a validation is running")
         changed = self.persisted.lifecycle.set_by_command(state, reason, user, wall_ns)
         if changed:
             if state == "quarantined":
                 self.validation = None
+                self.persisted.judged_runs.clear()
             self._changed()
         return changed
 
     def start_validation(self, stage: Stage, now: float, wall_ns: int, user: str,
                          trays: Sequence[int] | None = None, load_s: float | None = None,
-                         backend_s: float | None = None) -> ValidationRun:
+                         backend_s: float | None = None, run_id: str | None = None
+                         ) -> ValidationRun:
         """Start recording a validation (the burn-in is driven outside racky).
 
         Raises:
@@ -656,7 +709,7 @@ class RackyCore:
             phases.append(("backend", bs))
         self.persisted.lifecycle.start_validation(f"{stage} validation by {user}", user, wall_ns)
         self.validation = ValidationRun(stage, self.cfg.identity.rack, v, now, phases, ts,
-                                        wall_ns)
+                                        wall_ns, run_id, self.gpt)
         self._changed()
         return self.validation
 

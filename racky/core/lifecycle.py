@@ -31,6 +31,7 @@ from typing import Any
 
 from rackplane.errors import CommandError
 from racky.config import LIFECYCLE_STATES, LifecycleState
+from racky.core.campaign_gate import JudgedRun, judged_from_json, judged_to_json
 
 __all__ = ["FORMAT", "HISTORY_KEEP", "VERSION", "Lifecycle", "PersistedState"]
 
@@ -105,13 +106,18 @@ class Lifecycle:
         self.validating_from = self.state
         self._go("validating", reason, by, wall_ns)
 
-    def validation_result(self, passed: bool, reason: str, wall_ns: int) -> None:
-        """Leave ``validating`` by the result: pass → production, fail → quarantined."""
+    def validation_result(self, passed: bool, reason: str, wall_ns: int, *,
+                          promote: bool = True) -> None:
+        """Leave ``validating`` by the result: pass → production (``promote`` False, fleet
+        mode: → maintenance, validated, waiting for rlc's order; `racky.core.campaign_gate`),
+        fail → quarantined."""
         if self.state != "validating":
             return
         self.validated = passed
         self.validating_from = None
-        self._go("production" if passed else "quarantined", reason, "validation", wall_ns)
+        to: LifecycleState = "quarantined" if not passed else \
+            "production" if promote else "maintenance"
+        self._go(to, reason, "validation", wall_ns)
 
     def abort_validation(self, reason: str, by: str, wall_ns: int) -> None:
         """Back to the state the validation started from.
@@ -160,7 +166,11 @@ class Lifecycle:
 @dataclass
 class PersistedState:
     """What survives a restart: the lifecycle, trays powered off by safety requests (tray ->
-    {reason, by, at_ns}), an operator's budget override, the last validation's summary."""
+    {reason, by, at_ns}), an operator's budget override, the last validation's summary, the
+    campaign runs it judged (`racky.core.campaign_gate.JudgedRun`, the gate's evidence), the
+    links' learned pre-FEC baselines (``"<port>:<counter>"`` -> {baseline_per_min,
+    learned_min, dispersion}, `racky.core.links.LinkHealth.export_baselines`; entries that
+    are not such objects are dropped on reading: that link learns afresh)."""
 
     lifecycle: Lifecycle
     safety_off: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -168,6 +178,8 @@ class PersistedState:
     budget_set: bool = False
     last_validation: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    link_baselines: dict[str, dict[str, float]] = field(default_factory=dict)
+    judged_runs: list[JudgedRun] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The state file's document (``format``, ``version`` and the fields above)."""
@@ -176,6 +188,8 @@ class PersistedState:
             "safety_off": {str(k): v for k, v in sorted(self.safety_off.items())},
             "budget": {"set": self.budget_set, "power_w": self.budget_w},
             "last_validation": self.last_validation,
+            "link_baselines": dict(sorted(self.link_baselines.items())),
+            "judged_runs": judged_to_json(self.judged_runs),
         }
 
     @classmethod
@@ -205,8 +219,13 @@ class PersistedState:
         lv = d.get("last_validation")
         if lv is not None and not isinstance(lv, dict):
             raise ValueError("last_validation: not an object")
+        lb = d.get("link_baselines")
+        links = {str(k): {kk: float(vv) for kk, vv in v.items()
+                          if isinstance(vv, int | float) and not isinstance(vv, bool)}
+                 for k, v in lb.items() if isinstance(v, dict)} if isinstance(lb, dict) else {}
         return cls(lifecycle=lc, safety_off=so, budget_w=None if bw is None else float(bw),
-                   budget_set=bs, last_validation=lv)
+                   budget_set=bs, last_validation=lv, link_baselines=links,
+                   judged_runs=judged_from_json(d.get("judged_runs")))
 
 
 def _obj(v: Any, path: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ immediate) is staggered so that at most ``inrush_limit_w`` is switched per ``sta
 
 **Reconciliation** (`Reconciler`): the desired settings of every tray against what its agent
 reports; a mismatch older than ``reconcile_confirm_s`` is re-asserted (at most once per that
-period, counted), one older than ``drift_alarm_s`` raises ``cap_drift.<tray>`` naming it.
+period, counted), one older than ``drift_alarm_s`` raises ``cap_drift:<tray>`` naming it.
 Caps carry a TTL on the wire (node-agent contract v1, ``CAP_TTL_S``): a capped tray's
 settings are re-sent when nothing went to it for ``CAP_REFRESH_S``.
 
@@ -82,6 +82,8 @@ POWER_ALARM_KINDS: tuple[AlarmKind, ...] = (
     AlarmKind("budget_exceeded", "major", "rack power above its limit: {detail}", on_delay_s=5.0),
     AlarmKind("budget_infeasible", "major", "rack limit below the trays' minimum power: "
               "{detail}"),
+    AlarmKind("budget_out_of_range", "warning", "the persisted operator budget is outside its "
+              "bounds: {detail}"),
     AlarmKind("cap_drift", "major", "{thing}: node agent does not hold the cap racky set "
               "({detail})", runbook="cap-drift"),
     AlarmKind("agent_refused", "major", "{thing}: node agent refused racky's settings "
@@ -252,21 +254,36 @@ class Derate:
         self._p = np.array([p for _, p in cfg.table])
         self.cap_w: float | None = None
         self.applied_at_c: float | None = None
+        self.measured_w_per_k: float | None = None  # valvey's, once seen (`step`)
+        self.setpoint_c: float | None = None
 
     def p_max(self, t_fws_c: float) -> float:
-        """P_max at ``t_fws_c`` (linear in the table, held at its ends), W."""
+        """P_max at ``t_fws_c``, W: from the measured capacity when one is in use (the last
+        `step`'s, see there), else linear in the table (held at its ends)."""
+        if self.measured_w_per_k is not None and self.setpoint_c is not None:
+            return max(0.0, self.measured_w_per_k * (self.setpoint_c - t_fws_c))
         return float(np.interp(t_fws_c, self._t, self._p))
 
-    def step(self, t_fws_c: float | None, fresh: bool, dt: float, uncapped_w: float
+    def step(self, t_fws_c: float | None, fresh: bool, dt: float, uncapped_w: float,
+             capacity_w_per_k: float | None = None, setpoint_c: float | None = None,
              ) -> float | None:
         """The derate cap (None: none) for facility water ``t_fws_c`` (°C); ``uncapped_w`` is
-        the rack's uncapped maximum (a P_max above it is no derate)."""
+        the rack's uncapped maximum (a P_max above it is no derate).
+
+        ``capacity_w_per_k`` (valvey's measured valve-open capacity, W per K of approach) and
+        ``setpoint_c`` (its supply setpoint), both fresh with ``t_fws_c``: with ``measured``
+        on, P_max = capacity × (setpoint − T_fws) in place of the table (the exchanger as it
+        is: fouled, starved); without them the table, the cold prior. A measurement once
+        seen is kept while a fresh reading lacks it (valvey restarted: it measures again)."""
         c = self.cfg
         if not c.enabled:
             self.cap_w = None
             return None
         if t_fws_c is None or not fresh:
             return self.cap_w  # never released on missing data
+        if c.measured and capacity_w_per_k is not None and setpoint_c is not None:
+            self.measured_w_per_k = capacity_w_per_k
+            self.setpoint_c = setpoint_c
         target = self.p_max(t_fws_c + c.margin_k)
         if self.cap_w is None:
             if target < uncapped_w:

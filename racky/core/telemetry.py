@@ -248,9 +248,9 @@ down, boot id, port blocks (GPU, block, uptime s, boot id) of the GPUs that carr
 
 _AGENT_NUMS = ("enforced_gpu_cap_w", "enforced_tray_cap_w", "floor_w", "power_floor_pct",
                "ramp_down_hysteresis_s", "power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s",
-               "ramp_down_w_per_s", "cap_expires_in_s")
+               "ramp_down_w_per_s", "cap_expires_in_s", "safe_gpu_cap_w")
 """The agent block's numbers (finite and >= 0 when given; those from the sixth on may be
-null)."""
+null or absent)."""
 
 EPOCH_MAX = 2**63 - 1
 """Largest command epoch an agent may report (a signed 64-bit count)."""

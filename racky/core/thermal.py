@@ -72,6 +72,9 @@ class CoolingReading:
     flow_lpm: float | None = None
     facility_supply_temp_c: float | None = None
     valve_position_pct: float | None = None
+    capacity_w_per_k: float | None = None
+    """valvey's measured valve-open capacity: rack W per K of approach (setpoint − facility
+    water); None until valvey has measured it."""
 
 
 @dataclass

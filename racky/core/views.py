@@ -44,6 +44,8 @@ def validation_sample(core: RackyCore, t_s: float, phase: str, trays: Sequence[i
     down = 0
     pre = 0.0
     alarms: set[str] = set()
+    nic_ports: tuple[tuple[str, float], ...] = ()
+    pre_bin = None
     lk = core.links
     if lk is not None:
         gmask = np.zeros(core.n_gpus, dtype=bool)
@@ -52,20 +54,25 @@ def validation_sample(core: RackyCore, t_s: float, phase: str, trays: Sequence[i
         pm = gmask[lk.gpu]
         fr = core.frame
         if fr is not None:
-            line = fr.speed_mb_per_s * 1e6
-            with np.errstate(invalid="ignore", divide="ignore"):
-                frac = np.where(line > 0, 0.5 * (fr.tx_bytes_per_s + fr.rx_bytes_per_s)
-                                / line, 0.0)
+            frac = _line_fractions(fr.speed_mb_per_s, fr.tx_bytes_per_s, fr.rx_bytes_per_s,
+                                   fr.is_nvlink, fr.link_up)
             up = fr.link_up
             nv = pm & fr.is_nvlink & up
             ni = pm & ~fr.is_nvlink & up
             nvl = float(frac[nv].mean()) if nv.any() else 0.0
             nic_mean = float(frac[ni].mean()) if ni.any() else 0.0
-            nic_min = float(frac[pm & ~fr.is_nvlink].min()) if (pm & ~fr.is_nvlink).any() \
-                else 0.0
+            nics = pm & ~fr.is_nvlink
+            nic_min = float(frac[nics].min()) if nics.any() else 0.0
             down = int((pm & ~up).sum())
+            if phase == "backend" and nics.any():
+                nic_ports = tuple((lk.names[i], round(float(frac[i]), 4))
+                                  for i in np.flatnonzero(nics))
         rates = lk.pre_fec_rate_per_min[pm]
         pre = float(np.nanmax(rates)) if np.isfinite(rates).any() else 0.0
+        run = core.validation
+        if run is not None and lk.bins_closed != run.pre_fec_seq:
+            pre_bin = (lk.bins_closed, lk.cfg.bin_s / 60.0, tuple(
+                (lk.names[i], float(lk.pre_fec_rate_per_min[i])) for i in np.flatnonzero(pm)))
         names = {lk.names[i] for i in np.flatnonzero(pm)}
         for kind in LINK_KINDS:
             for thing in core.bank.things(kind):
@@ -77,8 +84,27 @@ def validation_sample(core: RackyCore, t_s: float, phase: str, trays: Sequence[i
         min_margin_c=min(margin) if margin else math.nan, throttled_gpus=thr,
         nvlink_fraction=nvl, nic_fraction_mean=nic_mean, nic_fraction_min=nic_min,
         ports_down=down, link_alarms=len(alarms), pre_fec_max_per_min=pre,
+        nic_ports=nic_ports, pre_fec_bin=pre_bin,
     )
     return s, alarms
+
+
+def _line_fractions(speed_mb_per_s: np.ndarray, tx_bytes_per_s: np.ndarray,
+                    rx_bytes_per_s: np.ndarray, is_nvlink: np.ndarray,
+                    link_up: np.ndarray) -> np.ndarray:
+    """Each port's throughput, (tx + rx) / 2, as a fraction of its kind's **line rate**: the
+    highest speed any port of that kind (NVLink, NIC) of the rack reads up (learned from the
+    plant, not a nominal constant), so a port trained at a lower rate (400G → 200G) reads
+    0.5 of line when it carries all it can. Shape (ports,); 0 where no speed is known."""
+    line = np.zeros_like(speed_mb_per_s, dtype=np.float64)
+    for kind in (is_nvlink, ~is_nvlink):
+        sp = speed_mb_per_s[kind & link_up]
+        sp = sp[np.isfinite(sp)]
+        if sp.size:
+            line[kind] = float(sp.max()) * 1e6
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = np.where(line > 0, 0.5 * (tx_bytes_per_s + rx_bytes_per_s) / line, 0.0)
+    return np.nan_to_num(frac, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def power_confirmed_low(core: RackyCore) -> bool:
@@ -152,8 +178,9 @@ def rack_state(core: RackyCore) -> dict[str, Any]:
             "stage": core.validation.stage,
             "elapsed_s": round(now - core.validation.start, 1),
             "duration_s": core.validation.duration_s,
-            "phase": core.validation.phase_at(now)},
+            "phase": core.validation.phase_at(now), "run_id": core.validation.run_id},
         "last_validation": core.persisted.last_validation,
+        "judge_epoch": core.judge_epoch,
         "cap_reasserts": core.recon.reasserts,
         "blast_radius_used": core.blast.used(now),
         "alarms": [a.id for a in core.bank.active()][:50],

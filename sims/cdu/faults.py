@@ -63,9 +63,24 @@ class FaultHooks(LocalControl):
         """Rack liquid isolation valves' opening, % (100 = open)."""
         return 100.0 * self._iso
 
-    def set_valve_stuck(self, stuck: bool = True) -> None:
-        """Freeze the valve at its current position (REFERENCE §4.2 item 1, `stuck`)."""
-        self._valve_stuck = stuck
+    @property
+    def valves_stuck(self) -> tuple[bool, bool]:
+        """Whether the first and the second valve are stuck (`set_valve_stuck`)."""
+        return self._valve_stuck, self._valve_b_stuck
+
+    def set_valve_stuck(self, stuck: bool = True, valve: int = 0) -> None:
+        """Freeze a valve at its current position (REFERENCE §4.2 item 1, `stuck`): ``valve``
+        0 is the first (control) valve, 1 the second.
+
+        Raises:
+            ValueError: no such valve.
+        """
+        if valve == 0:
+            self._valve_stuck = stuck
+        elif valve == 1 and self._p.second_valve:
+            self._valve_b_stuck = stuck
+        else:
+            raise ValueError(f"no valve {valve!r} (0: first, 1: second)")
 
     def set_valve_feedback_offset_pct(self, offset_pct: float) -> None:
         """Feedback reads position + ``offset_pct`` (REFERENCE §4.2 item 1, `offset`)."""

@@ -108,6 +108,13 @@ class RackParams(StrictModel):
         return self
 
 
+ROW_SCALED_FIELDS = ("design_flow_lps", "max_flow_lps", "hx_ua_kw_per_k",
+                     "facility_max_flow_lps", "pump_power_full_speed_w")
+"""`CduParams` fields that are the whole CDU's and scale with the power it serves: rack
+power (`CduParams.for_rack_power`) and the number of racks of a row CDU (`sims.row.VirtualRow`,
+the ``racks_N`` plant variants of `sims.cdu.variants`); volumes and time constants stay."""
+
+
 class CduParams(StrictModel):
     """The CDU share for one rack, its loop, sensors and local control (REFERENCE §4.3).
 
@@ -148,6 +155,28 @@ class CduParams(StrictModel):
     valve_rangeability: float = _f(30.0, "R of the equal-% valve (REF §4.3 [U])", gt=1.0)
     valve_stroke_time_s: float = _f(
         60.0, "full stroke time, s (REF §1.7, §4.3; Belimo 90 s/60 mm [S/U])", gt=0.0
+    )
+    valve_backlash_pct: float = _f(
+        0.0,
+        "dead zone between actuator and plug, % of stroke: after a reversal the actuator "
+        "travels this far before the plug follows (plant-family variant, issue 21 [U])",
+        ge=0.0,
+        le=20.0,
+    )
+    valve_stiction_pct: float = _f(
+        0.0,
+        "stick band, % of stroke: a resting actuator starts only when its demand is more "
+        "than this away, then travels to the demand and sticks again (issue 21 [U])",
+        ge=0.0,
+        le=20.0,
+    )
+    facility_flow_available_fraction: float = _f(
+        1.0,
+        "facility water the building delivers, share of Qp_max: < 1 is flow starvation "
+        "(low differential pressure at the CDU); the HX's UA reference flow stays "
+        "(issue 21 [U])",
+        gt=0.0,
+        le=1.0,
     )
     n_pumps: int = _f(2, "pumps in parallel, duty + standby (REF §4.2 item 2)", ge=1, le=4)
     pump_vfd_ramp_pct_per_s: float = _f(20.0, "VFD ramp, %/s (REF §4.3 [U])", gt=0.0)
@@ -213,6 +242,19 @@ class CduParams(StrictModel):
     )
     supply_sensor_bias_k: tuple[float, float, float] = _f(
         (0.0, 0.0, 0.0), "calibration bias of supply sensors A, B, C, K"
+    )
+    supply_sensor_tau_s: float | None = _f(
+        None,
+        "lag of supply sensors A, B, C, s (e.g. a deep thermowell); None: temp_sensor.tau_s",
+        ge=0.0,
+        le=600.0,
+    )
+    supply_sensor_pink_noise_k: float = _f(
+        0.0,
+        "σ of a 1/f (pink) noise added to each supply sensor (A, B, C independently), K: "
+        "four first-order processes with τ 0.3/3/30/300 s of equal variance [U]",
+        ge=0.0,
+        le=5.0,
     )
     return_sensor_bias_k: float = _f(0.0, "calibration bias of the return sensor, K")
     facility_sensor_bias_k: float = _f(0.0, "calibration bias of the facility supply sensor, K")
@@ -287,11 +329,7 @@ class CduParams(StrictModel):
         data.update(
             rack=RackParams.model_validate(rack.model_dump()).model_dump(),
             n_racks=n_racks,
-            design_flow_lps=base.design_flow_lps * k,
-            max_flow_lps=base.max_flow_lps * k,
-            hx_ua_kw_per_k=base.hx_ua_kw_per_k * k,
-            facility_max_flow_lps=base.facility_max_flow_lps * k,
-            pump_power_full_speed_w=base.pump_power_full_speed_w * k,
+            **{f: data[f] * k for f in ROW_SCALED_FIELDS},
         )
         data.update(overrides)
         return cls.model_validate(data)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sims.cdu.fence import ControllerFence
 from sims.cdu.hx import hx_conductance_kw_per_k
 from sims.cdu.loop import ATM_KPA
 from sims.cdu.outputs import WarmStartResult
@@ -55,7 +56,8 @@ class CduPlant(RegisterInterface):
         self._qmax = p.max_flow_lps
         self._ua2 = 2.0 * p.hx_ua_kw_per_k
         self._hx_exp = p.hx_flow_exponent
-        self._qp_max = p.facility_max_flow_lps
+        # flow starvation: the valve's full-open flow falls, the HX's UA reference stays
+        self._qp_max = p.facility_max_flow_lps * p.facility_flow_available_fraction
         self._qp_ref = p.hx_primary_ref_fraction * p.facility_max_flow_lps
         self._ln_r = math.log(p.valve_rangeability)
         self._k_sys = p.diff_pressure_design_kpa / p.design_flow_lps**2
@@ -81,16 +83,31 @@ class CduPlant(RegisterInterface):
         self._t_fws = p.facility_supply_temp_c
         self._hb = 0
         self._hb_change_t = 0.0
+        self._fence = ControllerFence()  # nonvolatile: kept over restart_controller
         self._local = False
         self._pi_i = 0.0
         self._pi_next_t = 0.0
         self._remote_cmd = 0.0
         self._remote_written = False
         self._valve_stuck = False
+        self._valve_b_stuck = False
         self._valve_offset = 0.0
         self._valve_rate = 1.0 / p.valve_stroke_time_s
         self._x = 0.0
         self._x_cmd = 0.0
+        self._x_act = self._x_b_act = 0.0
+        self._act_moving = self._act_b_moving = False
+        self._backlash_h = 0.005 * p.valve_backlash_pct
+        self._stiction = 0.01 * p.valve_stiction_pct
+        self._ideal_valve = self._backlash_h == 0.0 and self._stiction == 0.0
+        # 1/f noise on the supply sensors: its own stream (the other noise is unchanged)
+        self._rng3 = np.random.Generator(np.random.PCG64([seed, 0x504B]))
+        self._pink = [0.0] * 12
+        self._pink_sigma = p.supply_sensor_pink_noise_k
+        self._pink_dt = -1.0
+        self._pink_a = self._pink_b = [0.0] * 4
+        if self._pink_sigma > 0.0:  # start stationary: each process at its own variance
+            self._pink = (0.5 * self._pink_sigma * self._rng3.standard_normal(12)).tolist()
         self._qp = 0.0
         self._duty = 0
         self._handover_from = None
@@ -128,9 +145,13 @@ class CduPlant(RegisterInterface):
         self._p_loop = 0.0
         self._ce_liq = self._ce_air = self._ce_hx = self._ce_pump = 0.0
         sb = p.supply_sensor_bias_k
-        self._s_sa = Sensor("supply_temp_c", p.temp_sensor, sb[0])
-        self._s_sb = Sensor("supply_temp_b_c", p.temp_sensor, sb[1])
-        self._s_sc = Sensor("supply_temp_c_c", p.temp_sensor, sb[2])
+        self._sup_bias = sb
+        ts = p.temp_sensor
+        if p.supply_sensor_tau_s is not None:
+            ts = ts.model_copy(update={"tau_s": p.supply_sensor_tau_s})
+        self._s_sa = Sensor("supply_temp_c", ts, sb[0])
+        self._s_sb = Sensor("supply_temp_b_c", ts, sb[1])
+        self._s_sc = Sensor("supply_temp_c_c", ts, sb[2])
         self._s_ret = Sensor("return_temp_c", p.temp_sensor, p.return_sensor_bias_k)
         self._s_fws = Sensor("facility_supply_temp_c", p.temp_sensor, p.facility_sensor_bias_k)
         self._s_flow = Sensor("flow_lpm", p.flow_sensor)
@@ -273,7 +294,8 @@ class CduPlant(RegisterInterface):
         # state
         self._sp = sp
         self._t_fws = t_fws
-        self._x = self._x_cmd = self._remote_cmd = x
+        self._x = self._x_cmd = self._remote_cmd = self._x_act = x
+        self._act_moving = self._act_b_moving = False
         self._remote_written = False
         self._qp = self._valve_flow(x)
         self._duty = 0
@@ -281,7 +303,7 @@ class CduPlant(RegisterInterface):
         self._n = [n if i == 0 else 0.0 for i in range(self._n_pumps)]
         self._tripped = [False] * self._n_pumps
         self._n_cmd = n
-        self._x_b = self._x_b_cmd = 0.0
+        self._x_b = self._x_b_cmd = self._x_b_act = 0.0
         self._iso = self._iso_cmd = 1.0
         self._q = q
         self._t_ss = t_ss
@@ -405,7 +427,12 @@ class CduPlant(RegisterInterface):
 
         # 1. valve: rate-limited, equal-percentage
         x = self._x
-        if not self._valve_stuck:
+        if not self._ideal_valve:
+            if not self._valve_stuck:
+                x, self._x_act, self._act_moving = self._travel(
+                    x, self._x_act, self._act_moving, self._x_cmd, dt)
+                self._x = x
+        elif not self._valve_stuck:
             d = self._x_cmd - x
             m = dt * self._valve_rate
             if d > m:
@@ -417,10 +444,17 @@ class CduPlant(RegisterInterface):
         qp = self._qp_max * math.exp((x - 1.0) * self._ln_r) if x > 0.0 else 0.0
         xb = self._x_b
         if xb > 0.0 or self._x_b_cmd > 0.0:  # second valve (parallel): flows add, capped
-            d = self._x_b_cmd - xb
-            m = dt * self._valve_rate
-            xb += m if d > m else -m if d < -m else d
-            self._x_b = xb
+            if self._valve_b_stuck:  # frozen where it is
+                pass
+            elif self._ideal_valve:
+                d = self._x_b_cmd - xb
+                m = dt * self._valve_rate
+                xb += m if d > m else -m if d < -m else d
+                self._x_b = xb
+            else:
+                xb, self._x_b_act, self._act_b_moving = self._travel(
+                    xb, self._x_b_act, self._act_b_moving, self._x_b_cmd, dt)
+                self._x_b = xb
             if xb > 0.0:
                 qp += self._qp_max * math.exp((xb - 1.0) * self._ln_r)
                 if qp > self._qp_max:
@@ -547,6 +581,8 @@ class CduPlant(RegisterInterface):
         zi = self._zi
         self._zi = zi + 9
         t_ss = self._t_ss
+        if self._pink_sigma > 0.0:
+            self._pink_step(dt)
         self._s_sa.update(t_ss, dt, z[zi])
         self._s_sb.update(t_ss, dt, z[zi + 1])
         self._s_sc.update(t_ss, dt, z[zi + 2])
@@ -565,3 +601,59 @@ class CduPlant(RegisterInterface):
         z2 = self._z2
         self._s_level.update(self._level_pct(), dt, z2[z2i])
         self._s_filter.update(self._filter_dp_kpa(q), dt, z2[z2i + 1])
+
+    # --- plant-family non-idealities (issue 21) ----------------------------------------------
+
+    def _travel(
+        self, x: float, a: float, moving: bool, cmd: float, dt: float
+    ) -> tuple[float, float, bool]:
+        """One valve's travel with stiction and backlash: the actuator ``a`` moves at the
+        stroke rate towards ``cmd``; at rest it starts only when ``|cmd − a|`` exceeds the
+        stick band and, once moving, runs to the demand and sticks again; the plug ``x``
+        follows ``a`` through a dead zone of ± half the backlash (the seat and the full-open
+        stop take up the slack). Returns ``(x, a, moving)``."""
+        d = cmd - a
+        if not moving and (d > self._stiction or -d > self._stiction):
+            moving = True
+        if moving:
+            m = dt * self._valve_rate
+            if d > m:
+                a += m
+            elif d < -m:
+                a -= m
+            else:
+                a = cmd
+                moving = False
+        h = self._backlash_h
+        if a <= 0.0:
+            x = 0.0
+        elif a >= 1.0:
+            x = 1.0
+        elif x < a - h:
+            x = a - h
+        elif x > a + h:
+            x = a + h
+        return x, a, moving
+
+    def _pink_step(self, dt: float) -> None:
+        """Advance the supply sensors' 1/f noise (four AR(1) processes each, τ 0.3–300 s,
+        equal variance σ²/4) and put it in the sensors' bias."""
+        if dt != self._pink_dt:
+            self._pink_dt = dt
+            self._pink_a = [math.exp(-dt / tau) for tau in (0.3, 3.0, 30.0, 300.0)]
+            sc = self._pink_sigma / 2.0  # each of 4 processes: σ/2, variance σ²/4
+            self._pink_b = [sc * math.sqrt(1.0 - a * a) for a in self._pink_a]
+        z = self._rng3.standard_normal(12)
+        pk = self._pink
+        pa = self._pink_a
+        pb = self._pink_b
+        tot = [0.0, 0.0, 0.0]
+        for i in range(12):
+            k = i & 3
+            v = pa[k] * pk[i] + pb[k] * float(z[i])
+            pk[i] = v
+            tot[i >> 2] += v
+        sb = self._sup_bias
+        self._s_sa.bias = sb[0] + tot[0]
+        self._s_sb.bias = sb[1] + tot[1]
+        self._s_sc.bias = sb[2] + tot[2]

@@ -41,6 +41,8 @@ READING_POINTS: tuple[str, ...] = (
     "duty_pump_select",
     "valve_b_command_pct",
     "rack_isolation_command",
+    "controller_stale_writes",
+    "controller_epoch",
 )
 
 #: Pumps the register map names (index i -> ``pump_<letter>_*`` points); a plant with fewer
@@ -56,4 +58,7 @@ WRITABLE_POINTS: dict[str, tuple[float, float]] = {
     "duty_pump_select": (0.0, 1.0),
     "valve_b_command_pct": (0.0, 100.0),
     "rack_isolation_command": (0.0, 1.0),
+    # a claim of the controller epoch (sims.cdu.fence): the map bounds what the daemons write
+    # to 2**53 (floats); `CduPlant.write` itself takes any epoch in 1..2**64-1
+    "controller_epoch": (1.0, float(2**53)),
 }

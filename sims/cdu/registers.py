@@ -7,6 +7,7 @@ import math
 
 from rackplane.errors import WriteRejected
 from sims.cdu.faults import FaultHooks
+from sims.cdu.fence import ControllerFence
 from sims.cdu.outputs import CduTruth, PumpState
 from sims.cdu.points import PUMP_LETTERS, WRITABLE_POINTS
 
@@ -19,18 +20,36 @@ class RegisterInterface(FaultHooks):
 
     __slots__ = ()
 
-    def write(self, point: str, value: float) -> None:
+    @property
+    def fence(self) -> ControllerFence:
+        """The controller-epoch fence (`sims.cdu.fence`): ``epoch``, ``stale_writes``."""
+        return self._fence
+
+    def write(self, point: str, value: float, *, epoch: int | None = None) -> None:
         """Write a holding register in engineering units (config/registers/cdu-generic.toml).
+
+        ``epoch``: the writing controller's epoch (redundant pairs, issue 15); the fence
+        (`sims.cdu.fence.ControllerFence`) admits the write first: once any epoch has been
+        written, a write with an older epoch or none is refused and counted (nothing changes).
 
         ``valve_command_pct`` moves the valve demand (while in local control it is stored and
         used when remote control resumes); ``pump_speed_command_pct`` the duty pump speed;
         ``heartbeat`` (rounded to an integer) restores remote control when it changes;
-        ``supply_temp_setpoint_c`` is the local-control setpoint.
+        ``supply_temp_setpoint_c`` is the local-control setpoint; ``controller_epoch`` is a
+        claim of that epoch (``value``, an integer; ``epoch`` is not used): accepted when it
+        is not older than the held one (which it then becomes), else refused and counted.
 
         Raises:
             WriteRejected: unknown or read-only point, non-finite value, value outside the
-                register's write_min/write_max (nothing changes).
+                register's write_min/write_max, a stale or malformed controller epoch
+                (nothing changes).
         """
+        if point == "controller_epoch":
+            # a claim: the epoch is the value (an int: a float above 2**53 is not exact)
+            claim = int(value) if isinstance(value, float) and value.is_integer() else value
+            self._fence.admit(point, claim)  # type: ignore[arg-type]  # malformed: refused
+            return
+        self._fence.admit(point, epoch)
         lim = WRITABLE_POINTS.get(point)
         if lim is None:
             raise WriteRejected(f"cdu: point {point!r} is not writable")
@@ -124,7 +143,25 @@ class RegisterInterface(FaultHooks):
             "heartbeat": float(self._hb),
             "supply_temp_setpoint_c": self._sp,
             "local_control": 1.0 if self._local else 0.0,
+            # exact as floats up to 2**53 (the Modbus face serves the exact ints:
+            # sims.epoch_gate)
+            "controller_stale_writes": float(self._fence.stale_writes),
+            "controller_epoch": float(self._fence.epoch),
         }
+
+    def probe(self) -> tuple[float, float, float, float, float, float]:
+        """The few true values a scorer reads at every plant step, cheaply (`truth` builds
+        the whole record): ``(supply_temp_c, flow_lpm, valve A actuator position %, valve B
+        actuator position %, valve A plug position %, valve B plug position %)``. The
+        actuator position is the motor's (it runs through the backlash dead zone and is held
+        by stiction); the plug position is what sets the flow (`CduTruth`'s
+        ``valve_position_pct``)."""
+        x, xb = self._x, self._x_b
+        if self._ideal_valve:
+            a, ab = x, xb
+        else:
+            a, ab = self._x_act, self._x_b_act
+        return (self._t_ss, self._q * 60.0, 100.0 * a, 100.0 * ab, 100.0 * x, 100.0 * xb)
 
     def truth(self) -> CduTruth:
         """The true state (see `CduTruth`); rack figures are totals (powers, counts) or the

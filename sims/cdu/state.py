@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sims.cdu.fence import ControllerFence
 from sims.cdu.params import CduParams
 from sims.cdu.rack_thermal import RackThermal
 from sims.sensors import Sensor
@@ -15,6 +16,9 @@ class PlantState:
     """The fields of `CduPlant` (set by its ``__init__``); no behaviour."""
 
     __slots__ = (
+        "_act_b_moving",
+        "_act_moving",
+        "_backlash_h",
         "_boot_t",
         "_c_cdu",
         "_c_tank",
@@ -23,12 +27,14 @@ class PlantState:
         "_ce_liq",
         "_ce_pump",
         "_duty",
+        "_fence",
         "_filter_foul",
         "_handover_from",
         "_hb",
         "_hb_change_t",
         "_hb_timeout",
         "_hx_exp",
+        "_ideal_valve",
         "_iso",
         "_iso_cmd",
         "_iso_rate",
@@ -45,6 +51,11 @@ class PlantState:
         "_p_loop",
         "_pi_i",
         "_pi_next_t",
+        "_pink",
+        "_pink_a",
+        "_pink_b",
+        "_pink_dt",
+        "_pink_sigma",
         "_pump_p0_kw",
         "_q",
         "_q0",
@@ -63,6 +74,7 @@ class PlantState:
         "_rhoc_s",
         "_rng",
         "_rng2",
+        "_rng3",
         "_rope_fault",
         "_rope_leak",
         "_run_h",
@@ -79,7 +91,9 @@ class PlantState:
         "_s_sc",
         "_sensors",
         "_sp",
+        "_stiction",
         "_sup",
+        "_sup_bias",
         "_t",
         "_t_fws",
         "_t_ss",
@@ -88,11 +102,14 @@ class PlantState:
         "_v_inv",
         "_v_inv0",
         "_v_tank",
+        "_valve_b_stuck",
         "_valve_offset",
         "_valve_rate",
         "_valve_stuck",
         "_x",
+        "_x_act",
         "_x_b",
+        "_x_b_act",
         "_x_b_cmd",
         "_x_cmd",
         "_z",
@@ -109,6 +126,7 @@ class PlantState:
     _ce_liq: float
     _ce_pump: float
     _duty: int
+    _fence: ControllerFence
     _filter_foul: float
     _handover_from: int | None
     _hb: int
@@ -177,6 +195,7 @@ class PlantState:
     _valve_offset: float
     _valve_rate: float
     _valve_stuck: bool
+    _valve_b_stuck: bool
     _x: float
     _x_b: float
     _x_b_cmd: float
@@ -185,3 +204,17 @@ class PlantState:
     _z2: list[float]
     _z2i: int
     _zi: int
+    _x_act: float
+    _x_b_act: float
+    _act_moving: bool
+    _act_b_moving: bool
+    _backlash_h: float
+    _stiction: float
+    _ideal_valve: bool
+    _pink: list[float]
+    _pink_sigma: float
+    _pink_dt: float
+    _pink_a: list[float]
+    _pink_b: list[float]
+    _rng3: np.random.Generator
+    _sup_bias: tuple[float, float, float]

@@ -23,7 +23,6 @@ from sims.fabric.counters import (
     _RATE_TO_CTR,
     _ROW,
     _SPEC,
-    COUNTER_NAMES,
     COUNTERS,
     POST_FEC_COUNTER,
     PRE_FEC_COUNTER,
@@ -31,13 +30,14 @@ from sims.fabric.counters import (
     PortKind,
     PortRef,
 )
+from sims.fabric.external import ExternalTraffic
 from sims.fabric.params import FabricParams, FaultRecord, _finite
 from sims.fabric.schedule import _T_EPS_S, _down_time, _n_before
 
 __all__ = ["LinkFabric"]
 
 
-class LinkFabric:
+class LinkFabric(ExternalTraffic):
     """Per-port link state, throughput and counters of one rack, stepped with an explicit dt.
 
     Args:
@@ -145,6 +145,9 @@ class LinkFabric:
         self._burst_until = np.full(self.gpus, -np.inf)
         self._burst_level = np.zeros(self.gpus)
         self._silence_until = np.full(n, -np.inf)
+        self._ovr = np.full((2, n), np.nan)  # tx, rx demand per port (NaN: from the GPU's)
+        self._ovr_on = False
+        self._nominal_speed_mb = self._speed_mb.copy()
 
         # per GPU power state (the tray power-state hook) and identity
         self._powered = np.ones(self.gpus, dtype=bool)
@@ -295,7 +298,10 @@ class LinkFabric:
         dem = np.where(self._burst_until > tm, np.maximum(demand, self._burst_level), demand)
         dem[self._stall_until > tm] = 0.0
         port_dem = dem[self._port_gpu] * self._share
-        port_dem[self._silence_until > tm] = 0.0
+        if self._ovr_on:  # per-port demand set from outside (set_port_demand): (2, ports)
+            port_dem = np.where(np.isnan(self._ovr), port_dem, self._ovr)
+            port_dem[:, (self._stall_until > tm)[self._port_gpu]] = 0.0
+        port_dem[..., self._silence_until > tm] = 0.0
         jitter = self._rng_traffic.standard_normal((2, n))
         frac = np.clip(port_dem * (1.0 + self.params.traffic_jitter * jitter), 0.0, 1.0)
         moved = frac * (self._speed_bytes * up_time)  # bytes per direction in this step
@@ -677,27 +683,3 @@ class LinkFabric:
         self._burst_level[g] = lvl
         self._record("burst", port=None, gpu=g, start_s=self._time_s, end_s=end,
                      duration_s=dur, demand=lvl)
-
-    # --- test and scenario seeding --------------------------------------------------------
-
-    def set_counter(self, port: PortRef, counter: str, value: int) -> None:
-        """Preset ``counter`` on ``port`` to ``value`` (e.g. a Counter32 near 2^32 for
-        FIELD-CASES BR-11 a, or an aged counter at scenario start). Not a fault: not logged.
-
-        Raises:
-            ValueError: unknown counter, one the port's kind does not carry, or a value
-                outside 0..2^bits − 1.
-        """
-        p = self._port(port)
-        spec = _SPEC.get(counter)
-        if spec is None:
-            raise ValueError(f"unknown counter {counter!r}; counters: {COUNTER_NAMES}")
-        if self._kind(p) not in spec.kinds:
-            raise ValueError(f"{counter} is not a counter of {self._kind(p)} port "
-                             f"{self._names[p]}")
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or not (
-            0 <= int(value) <= spec.max_value
-        ):
-            raise ValueError(f"{counter} value must be an integer in 0..{spec.max_value} "
-                             f"(got {value!r})")
-        self._ctr[_ROW[counter], p] = np.uint64(int(value))

@@ -13,6 +13,7 @@ A scenario file (bundled ones live in ``config/scenarios/<name>.toml``)::
     supply_setpoint_c = 45.0        # the warm start holds this
     facility_supply_temp_c = 40.0   # start value; [facility] below may move it
     model = "auto"                  # cdu | rack | auto (see "Models" below)
+    variant = "nominal"             # plant-family member (sims.cdu.variants: stroke_120s, ...)
 
     [load]
     kind = "timeline"               # constant | step | timeline | agentic | training | idle |

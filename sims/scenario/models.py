@@ -4,12 +4,14 @@ keys and fault kinds)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from rackplane.config import StrictModel
 from sims.cdu import CduParams
+from sims.cdu.variants import VARIANTS, apply_variant
 from sims.environment import EnvironmentParams
 from sims.power import PowerShelfParams
 from sims.rack import ComputeRackParams, NodeAgentSettings
@@ -57,6 +59,16 @@ class PlantSpec(StrictModel):
     model: Literal["auto", "cdu", "rack"] = Field(
         "auto", description="cdu: the §4 model; rack: the virtual rack; auto: as needed"
     )
+    variant: str = Field(
+        "nominal", description="plant-family member (`sims.cdu.variants.VARIANTS`)"
+    )
+
+    @model_validator(mode="after")
+    def _known_variant(self) -> PlantSpec:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown plant variant {self.variant!r}; known: "
+                             f"{', '.join(VARIANTS)}")
+        return self
 
 
 class LoadSpec(StrictModel):
@@ -383,7 +395,10 @@ class Scenario(StrictModel):
         overrides: dict[str, Any] = {}
         if self.plant.heartbeat_timeout_s is not None:
             overrides["heartbeat_timeout_s"] = self.plant.heartbeat_timeout_s
-        return CduParams.for_rack_power(self.plant.rack_max_power_w, **overrides)
+        return apply_variant(
+            CduParams.for_rack_power(self.plant.rack_max_power_w, **overrides),
+            self.plant.variant,
+        )
 
     def rack_params(self) -> VirtualRackParams:
         """Virtual-rack parameters for this scenario (``[power]``, ``[environment]``,
@@ -401,10 +416,50 @@ class Scenario(StrictModel):
             supply_setpoint_c=self.plant.supply_setpoint_c,
         )
 
-    def load_profile(self) -> LoadProfile:
+    def n_racks(self) -> int:
+        """Racks on the CDU: 1, or N on a row CDU (the ``racks_N`` plant variants)."""
+        return self.cdu_params().n_racks
+
+    def rack_load(self, rack: int = 0) -> tuple[LoadSpec, int]:
+        """Rack ``rack``'s load spec and seed on a row CDU (rack 0: the scenario's own).
+
+        The racks of a row step independently, each deterministic: with ``n`` racks and
+        Δ = min(15 s, (back_at_s − step_at_s) / (2 n)) (15 s without a step back), a step
+        load's rack k steps up k·Δ after the scenario's step and back (n − k)·Δ after its step
+        back (rack 0 is the scenario's own; the later up, the earlier down), by
+        ``1 − 0.5·frac(k·φ)`` of the scenario's step (φ the golden ratio: sizes spread over
+        (0.5, 1], no two alike, so every rack is within its own ``rack_max_power_w`` and the
+        row within the CDU's N racks); a seeded
+        load (agentic bursts, training waves) has seed ``seed + 1000 k``; a timeline is k·Δ
+        later (its first point held before); constant and burn-in loads are the same on every
+        rack (idle: its own seed).
+
+        Raises:
+            ValueError: ``rack`` outside 0..n_racks − 1.
+        """
+        n = self.n_racks()
+        if not 0 <= rack < n:
+            raise ValueError(f"rack {rack} outside 0..{n - 1}")
+        spec, seed = self.load, self.seed + 1000 * rack
+        if rack == 0:
+            return spec, self.seed
+        lo, hi, up, back = spec.low_w, spec.high_w, spec.step_at_s, spec.back_at_s
+        dt = 15.0 if up is None or back is None else min(15.0, (back - up) / (2 * n))
+        if spec.kind == "step" and lo is not None and hi is not None and up is not None:
+            size = 1.0 - 0.5 * math.modf(rack * (1.0 + 5.0 ** 0.5) / 2.0)[0]
+            spec = spec.model_copy(update={
+                "high_w": lo + (hi - lo) * size, "step_at_s": up + rack * dt,
+                "back_at_s": None if back is None else back + (n - rack) * dt})
+        elif spec.kind == "timeline" and spec.points:
+            pts = [(t + rack * dt, v) for t, v in spec.points]
+            spec = spec.model_copy(update={"points": [(0.0, pts[0][1]), *pts]})
+        return spec, seed
+
+    def load_profile(self, rack: int = 0) -> LoadProfile:
         """The rack IT power profile, deterministic for the scenario's seed (idle and burn-in
-        as their constant rack power at 20 % / ``fraction`` of ``rack_max_power_w``)."""
-        spec = self.load
+        as their constant rack power at 20 % / ``fraction`` of ``rack_max_power_w``); on a
+        row CDU, rack ``rack``'s (`rack_load`)."""
+        spec, seed = self.rack_load(rack)
         pmax = self.plant.rack_max_power_w
         if spec.kind == "constant":
             assert spec.power_w is not None
@@ -417,7 +472,7 @@ class Scenario(StrictModel):
             assert spec.points is not None
             return TimelineLoad(spec.points, mode=spec.mode)
         if spec.kind == "agentic":
-            return AgenticBurstLoad(pmax, seed=self.seed)
+            return AgenticBurstLoad(pmax, seed=seed)
         if spec.kind == "idle":
             return ConstantLoad(0.2 * pmax)
         if spec.kind == "burn_in":
@@ -425,39 +480,39 @@ class Scenario(StrictModel):
         return TrainingSquareWave(
             pmax,
             period_s=spec.period_s or 4.0,
-            seed=self.seed,
+            seed=seed,
             high_fraction=1.0 if spec.high_fraction is None else spec.high_fraction,
             low_fraction=0.65 if spec.low_fraction is None else spec.low_fraction,
         )
 
-    def workload(self, gpus: int, fraction_for_power: Any) -> Workload:
+    def workload(self, gpus: int, fraction_for_power: Any, rack: int = 0) -> Workload:
         """The per-GPU workload of the rack model (``fraction_for_power``: rack W -> fraction
-        of TGP, for the power-profile kinds)."""
-        spec = self.load
+        of TGP, for the power-profile kinds); on a row CDU, rack ``rack``'s (`rack_load`)."""
+        spec, seed = self.rack_load(rack)
         if spec.kind == "agentic":
             kw: dict[str, Any] = {}
             if spec.spike_rate_per_h is not None:
                 kw["spike_rate_per_h"] = spec.spike_rate_per_h
             if spec.concurrency_min is not None:
                 kw["concurrency_min"] = spec.concurrency_min
-            return AgenticWorkload(gpus, seed=self.seed, **kw)
+            return AgenticWorkload(gpus, seed=seed, **kw)
         if spec.kind == "training":
             return TrainingWorkload(
                 gpus,
-                seed=self.seed,
+                seed=seed,
                 period_s=spec.period_s or 4.0,
                 high_fraction=1.0 if spec.high_fraction is None else spec.high_fraction,
                 low_fraction=0.65 if spec.low_fraction is None else spec.low_fraction,
             )
         if spec.kind == "idle":
-            return IdleWorkload(gpus, seed=self.seed)
+            return IdleWorkload(gpus, seed=seed)
         if spec.kind == "burn_in":
             return BurnInWorkload(
                 gpus,
                 fraction=1.0 if spec.fraction is None else spec.fraction,
                 traffic=0.5 if spec.traffic is None else spec.traffic,
             )
-        return RackPowerWorkload(self.load_profile(), fraction_for_power, gpus)
+        return RackPowerWorkload(self.load_profile(rack), fraction_for_power, gpus)
 
     def facility_profile(self) -> LoadProfile:
         """Facility water supply temperature (°C) over time, as a profile of plain numbers."""

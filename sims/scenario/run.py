@@ -87,7 +87,9 @@ class ScenarioRun:
     Usage: ``run = ScenarioRun(scenario)``; ``plant = run.plant`` (the `CduPlant`, in both
     models); ``run.rack`` (the `VirtualRack`, rack model only); then each step
     ``run.step(dt)``; ``run.ground_truth`` lists the faults applied so far; ``run.protocol``
-    the protocol faults in force.
+    the protocol faults in force. On a row CDU (the ``racks_N`` plant variants) ``loads``
+    holds each rack's profile (`Scenario.load_profile`, independent steps), ``load`` is rack
+    0's and ``rack`` the row with rack 0's shortcuts (``rack.racks``: every rack).
 
     Args:
         scenario: the scenario.
@@ -103,6 +105,7 @@ class ScenarioRun:
     plant: CduPlant = field(init=False)
     rack: VirtualRack | None = field(init=False, default=None)
     load: LoadProfile = field(init=False)
+    loads: list[LoadProfile] = field(init=False)
     facility: LoadProfile = field(init=False)
     ground_truth: list[FaultRecord] = field(default_factory=list)
     protocol: ProtocolFaults = field(default_factory=ProtocolFaults)
@@ -116,7 +119,9 @@ class ScenarioRun:
         if model == "cdu" and s.needs_rack():
             raise ValueError(f"scenario {s.name!r} needs the rack model (a rack-level fault)")
         self.model = model
-        self.load = s.load_profile()
+        n_racks = s.n_racks()
+        self.loads = [s.load_profile(k) for k in range(n_racks)]  # a row CDU: one per rack
+        self.load = self.loads[0]
         self.facility = s.facility_profile()
         if model == "rack":
             params = s.rack_params()
@@ -127,16 +132,20 @@ class ScenarioRun:
             self.plant = rack.cdu
             comp = rack.compute
             rack.workload = s.workload(comp.n_gpus, comp.gpu_fraction_for_rack_power)
-            if s.agents is not None:
-                for k in range(rack.compute.n_trays):
-                    rack.agents.configure(k, s.agents.settings())
+            for k, side in enumerate(rack.racks[1:], 1):  # a row CDU's other racks
+                side.workload = s.workload(comp.n_gpus, side.compute.gpu_fraction_for_rack_power,
+                                           rack=k)
+            if s.agents is not None:  # every rack's node agents (a row CDU: each rack's)
+                for side in rack.racks:
+                    for k in range(side.compute.n_trays):
+                        side.compute.agents.configure(k, s.agents.settings())
             rack.warm_start(self.facility.power_w(0.0))
             if any(f.kind in FABRIC_KINDS for f in s.faults) and rack.fabric is None:
                 raise FabricUnavailable("this scenario's link faults need sims.fabric")
         else:
             self.plant = CduPlant(s.cdu_params(), seed=s.seed)
             self.plant.warm_start(
-                self.load.power_w(0.0),
+                self._load_w(0.0),
                 supply_setpoint_c=s.plant.supply_setpoint_c,
                 facility_supply_temp_c=self.facility.power_w(0.0),
             )
@@ -201,7 +210,13 @@ class ScenarioRun:
             lk = self.rack.leaks.state()  # the CDU's registers carry its rope sensor
             self.plant.set_leak_sensor_inputs(lk.rope_leak, lk.rope_sensor_fault)
         else:
-            self.plant.step(self.load.power_w(self.t_s), t_fws, dt_s)
+            self.plant.step(self._load_w(self.t_s), t_fws, dt_s)
+
+    def _load_w(self, t_s: float) -> float | list[float]:
+        """The racks' IT power at ``t_s``, W: one value, or one per rack on a row CDU."""
+        if len(self.loads) == 1:
+            return self.load.power_w(t_s)
+        return [ld.power_w(t_s) for ld in self.loads]
 
     # --- faults --------------------------------------------------------------------------------
 

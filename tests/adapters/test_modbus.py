@@ -487,10 +487,14 @@ async def test_br04_illegal_data_address_marks_one_point_and_polling_goes_on() -
     polls = Polls()
     async with serving(face):
         with structlog.testing.capture_logs() as logs:
-            dev = ModbusDevice(target(face.port), m, clock=CLOCK, on_samples=polls)
+            dev = ModbusDevice(target(face.port, refused_reprobe_s=1.0), m, clock=CLOCK,
+                               on_samples=polls)
             async with running(dev) as task:
                 await polls.until(lambda: len(polls.polls) >= 12)
                 assert not task.done()  # alive after 10+ cycles
+                # refused alone once, then not asked again before refused_reprobe_s
+                # (issue 14 item 6; was: every poll)
+                assert dev.stats.exception_replies <= 3
                 face.clear_exceptions()
                 await polls.until(lambda: polls.last("setpoint_c").quality is Quality.GOOD)
     bad_polls = polls.polls[:12]
@@ -524,12 +528,14 @@ async def test_br04_exact_exception_frame() -> None:
     m = regmap(BR04_POINTS[1])
     polls = Polls()
     async with serving(server):
-        dev = ModbusDevice(target(server.port), m, clock=CLOCK, on_samples=polls)
+        # the refused point is read again at its re-probe (issue 14 item 6), not every poll
+        dev = ModbusDevice(target(server.port, refused_reprobe_s=0.1), m, clock=CLOCK,
+                           on_samples=polls)
         async with running(dev):
-            await polls.until(lambda: len(polls.polls) >= 2)
-    first, second = polls.of("setpoint_c")[:2]
+            await polls.until(lambda: polls.last("setpoint_c").quality is Quality.GOOD)
+    first, last = polls.of("setpoint_c")[0], polls.last("setpoint_c")
     assert (first.quality, first.reason) == (Quality.BAD, "illegal_data_address")
-    assert (second.quality, second.value) == (Quality.GOOD, 25.0)
+    assert (last.quality, last.value) == (Quality.GOOD, 25.0)
 
 
 @pytest.mark.parametrize(("code", "reason"), [(10, "gateway_path_unavailable"),
@@ -540,13 +546,19 @@ async def test_br04_gateway_exceptions_mark_the_unit_unavailable(code: int, reas
     polls = Polls()
     async with serving(face):
         with structlog.testing.capture_logs() as logs:
-            dev = ModbusDevice(target(face.port), m, clock=CLOCK, on_samples=polls)
+            dev = ModbusDevice(target(face.port, dormant_reprobe_s=0.5), m, clock=CLOCK,
+                               on_samples=polls)
             async with running(dev):
                 await polls.until(lambda: polls.last("flow_lpm").quality is Quality.GOOD)
                 face.inject_exception(code)
                 await polls.until(lambda: polls.last("flow_lpm").reason == reason)
+                asked = len(face.requests)
                 await polls.more(5)
                 assert not dev.stats.available
+                # unavailable: not read again before dormant_reprobe_s (issue 14 item 5;
+                # was: every poll, forever)
+                assert len(face.requests) == asked
+                assert dev.stats.dormant_polls >= 5
                 assert all(s.quality is Quality.STALE and s.reason == reason
                            for s in polls.polls[-1])
                 face.clear_exceptions()

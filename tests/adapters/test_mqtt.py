@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from harness.servers import Mosquitto, free_port
 from rackplane.clock import SystemClock
@@ -175,11 +176,13 @@ def test_topics_build_and_parse() -> None:
     assert t.status == "rackplane/dc1/r12/valvey/status"
     assert t.state("pump1") == "rackplane/dc1/r12/valvey/state/pump1"
     assert t.telemetry("coolant_loop") == "rackplane/dc1/r12/valvey/telemetry/coolant_loop"
-    assert t.alarm("leak.tray3") == "rackplane/dc1/r12/valvey/alarm/leak.tray3"
+    assert t.alarm("leak:tray3") == "rackplane/dc1/r12/valvey/alarm/leak:tray3"
     assert t.cmd("alice", "set_speed") == "rackplane/dc1/r12/valvey/cmd/alice/set_speed"
     assert t.cmd_result("alice", "set_speed") == t.cmd("alice", "set_speed") + "/result"
     assert t.cmd_filter == "rackplane/dc1/r12/valvey/cmd/+/+"
-    assert t.parse_cmd(t.cmd("ops@site", "ack")) == ("ops@site", "ack")
+    # A received user level is whatever the broker authenticated: parsed, not judged here
+    # (the router answers it on .../result); we never *build* one outside the level rule.
+    assert t.parse_cmd(f"{t.base}/cmd/ops@site/ack") == ("ops@site", "ack")
     # Our own replies, other daemons and malformed topics are not command requests.
     assert t.parse_cmd(t.cmd_result("alice", "set_speed")) is None
     assert t.parse_cmd("rackplane/dc1/r12/racky/cmd/alice/set") is None
@@ -196,6 +199,12 @@ def test_topics_build_and_parse() -> None:
         lambda t: t.telemetry(""),
         lambda t: t.cmd("al/ice", "set"),
         lambda t: t.cmd("alice", "se+t"),
+        lambda t: t.cmd("ops@site", "ack"),
+        lambda t: t.cmd("alice.smith", "ack"),  # NATS's MQTT listener refuses '.' levels
+        lambda t: t.alarm("leak.tray3"),
+        lambda t: t.state("a b"),
+        lambda t: t.state("$SYS"),
+        lambda t: Topics("rack.plane", Identity(), "valvey"),
         lambda t: Topics("rackplane", Identity(), "val/vey"),
         lambda t: Topics("rack//plane", Identity(), "valvey"),
         lambda t: Topics("rack/#", Identity(), "valvey"),
@@ -489,9 +498,12 @@ async def test_br22b_broker_restart_without_persistence_resubscribes(
     await link.wait_ready(10)
     assert link.subscribed_topics == link.configured_topics
     for restart in (1, 2):
-        mosquitto_private.restart()  # persistence false: every session and retained msg is gone
-        back = time.monotonic()
-        await wait_until(connects_reached(link, 1 + restart), 10, "reconnect")
+        with capture_logs() as logs:
+            mosquitto_private.restart()  # persistence false: every session, retained msg gone
+            back = time.monotonic()
+            await wait_until(connects_reached(link, 1 + restart), 10, "reconnect")
+        # losing the broker is an operator's concern: warning, not info
+        assert [e["log_level"] for e in logs if e["event"] == "mqtt_disconnected"] == ["warning"]
         assert time.monotonic() - back <= s.reconnect_max_s + 2.0  # within the backoff cap
         await link.wait_ready(10)
         assert link.session_present is False

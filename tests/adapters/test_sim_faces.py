@@ -238,7 +238,7 @@ async def test_mqtt_publishers_and_node_agent_commands(mosquitto: Mosquitto) -> 
                                     ("c4", {**v1, "trays": [4], "epoch": 4,
                                             "release": ["gpu_power_cap_w"]}, "stale_epoch"),
                                     ("c5", {**v1, "trays": [1], "power_cap_w": None},
-                                     "invalid_args")):
+                                     "wrong_type")):
                 n = len(sub.messages)
                 await mqtt_pub(mosquitto.port, f"{base}/cmd/racky/set_power_limits",
                                envelope(rid, args))

@@ -218,6 +218,27 @@ def test_classify_status() -> None:
     assert classify_status(503, "", "Wed, 21 Oct").retry_after_s is None
 
 
+def test_classify_status_of_influxdb1_answers() -> None:
+    """InfluxDB 1.x's error bodies (``{"error": ...}``, measured on 1.6.7): the partial
+    write's dropped count (unparsable lines are outside it), and the 500 it answers to a
+    retention policy it lacks, which is a configuration error, not an outage."""
+    r = classify_status(400, '{"error":"partial write: field type conflict: input field '
+                        '\\"f\\" on measurement \\"m\\" is type float, already exists as '
+                        'type integer dropped=1"}')
+    assert (r.kind, r.dropped, r.dropped_of(5)) == ("reject", 1, 1)
+    assert r.message.startswith("partial write: field type conflict: input field")
+    r = classify_status(400, '{"error":"partial write: unable to parse \'bad line\': invalid '
+                        'field format dropped=0"}')
+    assert (r.kind, r.dropped, r.dropped_of(2)) == ("reject", 1, 1)
+    assert classify_status(400, '{"error":"x"}').dropped_of(3) == 3  # no count: all of it
+    assert classify_status(400, '{"error":"dropped=9"}').dropped_of(3) == 3  # not believable
+    rp = classify_status(500, '{"error":"retention policy not found: one_week"}')
+    assert (rp.kind, rp.message) == ("config", "retention policy not found: one_week")
+    db = classify_status(404, '{"error":"database not found: \\"x\\""}')
+    assert (db.kind, db.message) == ("config", 'database not found: "x"')
+    assert classify_status(500, '{"error":"timeout"}').kind == "retry"
+
+
 def test_backoff_grows_doubling_to_the_cap_and_honours_retry_after() -> None:
     t = TsdbSettings(retry_initial_s=1.0, retry_max_s=30.0)
     for attempt, nominal in [(1, 1.0), (2, 2.0), (3, 4.0), (6, 30.0), (60, 30.0)]:
@@ -245,21 +266,23 @@ def test_write_samples_records_quality_for_every_sample(tmp_path: Path) -> None:
     ]
 
 
-def test_timestamp_outside_sanity_window_is_counted_logged_once_and_spooled(
+def test_timestamp_outside_sanity_window_is_counted_logged_once_and_held(
     tmp_path: Path,
 ) -> None:
+    """The clock itself is outside the window: its lines are held, never spooled as 1970
+    (tests/adapters/test_tsdb_timestamps.py has the rest of the policy)."""
     clock = FakeClock(start_wall_ns=86_400 * 10**9)  # 1970-01-02: clock not synchronised
     w = make_writer(tmp_path, None, clock=clock)
     with capture_logs() as logs:
         w.write("pump", {}, {"speed_pct": 50.0})
         w.write("pump", {}, {"speed_pct": 51.0})
         w.write("pump", {}, {"speed_pct": 52.0}, ts_ns=TS)
-    assert w.stats.ts_out_of_window == 2
+    assert w.stats.ts_out_of_window == 2 and w.stats.ts_held == 2
     events = [e["event"] for e in logs]
     assert events.count("telemetry_timestamp_outside_window") == 1
     assert events.count("telemetry_timestamp_back_in_window") == 1
     w.flush_to_spool()
-    assert w.stats.spooled == 3
+    assert w.stats.spooled == 1
 
 
 def test_identity_tags_are_merged_and_cannot_be_contradicted(tmp_path: Path) -> None:
@@ -320,7 +343,7 @@ async def test_br19_field_type_conflict_is_dropped_counted_logged_not_retried(
     w.write("cdu", {}, {"flow_lpm": 12.5}, TS)
     with capture_logs() as logs:
         task = asyncio.create_task(w.run())
-        await until(lambda: w.stats.rejected == 2)
+        await until(lambda: w.stats.rejected == 1)
         w.write("cdu", {}, {"flow_lpm": 13.0}, TS + 10**9)
         await until(lambda: w.stats.sent == 1)
         await asyncio.sleep(0.3)  # room for a wrong retry to show up
@@ -328,14 +351,15 @@ async def test_br19_field_type_conflict_is_dropped_counted_logged_not_retried(
         await task
     assert [len(r.lines) for r in rec.requests] == [2, 1]  # the rejected batch never came back
     st_ = w.stats
-    assert (st_.rejected, st_.sent, st_.retries, st_.depth_lines) == (2, 1, 0, 0)
+    # "dropped=1": the server stored the other line of the partial write
+    assert (st_.rejected, st_.sent, st_.retries, st_.depth_lines) == (1, 2, 0, 0)
     (ev,) = [e for e in logs if e["event"] == "tsdb_batch_rejected"]
     assert ev["log_level"] == "error"
     assert (ev["status"], ev["field"], ev["measurement"], ev["retried"]) == (
         400, "flow_lpm", "cdu", False
     )
     assert ev["line"].startswith("cdu,") and "flow_lpm=12.5" in ev["line"]
-    assert ev["lines_dropped"] == 2
+    assert ev["lines_dropped"] == 1
 
 
 async def test_413_splits_the_batch_and_delivers_everything_once(

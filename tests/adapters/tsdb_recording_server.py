@@ -1,4 +1,5 @@
-"""A small in-process HTTP endpoint that records exact ``/api/v2/write`` requests.
+"""A small in-process HTTP endpoint that records exact ``/api/v2/write`` and 1.x ``/write``
+requests.
 
 It sits beside the real VictoriaMetrics (which ignores org, bucket, precision and token, and
 never answers 400 for a type conflict: TEST-SERVERS.md) to check what the client actually
@@ -138,7 +139,7 @@ class RecordingTsdb:
             raw = gzip.decompress(raw)
         with self._cond:
             reply = self._script.popleft() if self._script else self.default
-            if url.path != "/api/v2/write":
+            if url.path not in ("/api/v2/write", "/write"):  # the v2 and the 1.x write API
                 reply = Reply(404, '{"code":"not found","message":"path not found"}')
             self.requests.append(
                 RecordedRequest(

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.harness import reap_all
+from harness.daemons import reap_all
 
 
 @pytest.fixture(autouse=True)

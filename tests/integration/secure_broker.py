@@ -24,7 +24,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.servers import Mosquitto, free_port
+from harness.servers import Mosquitto, free_port, fresh_ports_on_clash
 from tests.servers import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,6 +105,7 @@ class SecureBroker:
         self.server.stop()
 
 
+@fresh_ports_on_clash
 def start_secure_broker(tmp: Path, users: dict[str, str] | None = None) -> SecureBroker:
     """Start Mosquitto with the shipped config on a free loopback port (see the module
     docstring); ``users``: username -> password for the password file."""

@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
+from harness.daemons import Proc, valvey_proc, write_valvey_config
 from harness.servers import Mosquitto, free_port
 from rackctl.client import ClientSettings, CommandClient
 from rackplane.io.mqtt import Message
 from tests.adapters.mqtt_proxy import MqttProxy
-from tests.integration.harness import Proc, valvey_proc, write_valvey_config
 
 pytestmark = [pytest.mark.servers]
 

@@ -21,10 +21,10 @@ import pytest
 import structlog
 from typer.testing import CliRunner
 
-from harness.servers import Mosquitto, free_port
+from harness.daemons import STARTED, Proc, valvey_proc, write_valvey_config
+from harness.servers import InfluxDB1, Mosquitto, free_port
 from rackctl.cli import app
 from rackplane.commands import AlarmPayload, CommandReply, LeasesState, StatusPayload
-from tests.integration.harness import STARTED, Proc, valvey_proc, write_valvey_config
 
 pytestmark = [pytest.mark.servers]
 
@@ -195,3 +195,19 @@ def test_replay_to_a_dead_url_reports_retries_and_gives_up(tmp_path: Path) -> No
                 "--give-up", "1")
     assert r.code == 1, r
     assert "retry 1" in r.out and "replay stopped early: gave up after 1" in r.err, r
+
+
+def test_replay_into_influxdb1_with_api_v1(tmp_path: Path, influxdb1: InfluxDB1) -> None:
+    from rackplane.io.spool import Spool
+
+    with Spool(tmp_path / "spool") as sp:
+        sp.append([f"m v={i} {1_767_225_600 * 10**9 + i}" for i in range(3)])
+    db = f"cli{uuid.uuid4().hex[:8]}"
+    influxdb1.create_database(db)
+    r = rackctl("replay", str(tmp_path / "spool"), "--url", influxdb1.url, "--api", "v1",
+                "--database", db)
+    assert r.code == 0, r
+    res = influxdb1.query('SELECT "v" FROM "m"', db)["results"][0]
+    assert [v[1] for v in res["series"][0]["values"]] == [0, 1, 2]
+    bad = rackctl("replay", str(tmp_path / "spool"), "--url", influxdb1.url, "--api", "v3")
+    assert bad.code != 0 and "api" in bad.err, bad

@@ -1,4 +1,5 @@
-"""`make demo` on embedded defaults: no servers, the real processes, a summary and a plot."""
+"""`make demo` on embedded defaults: no servers, the real processes (valvey and racky on the
+rack simulator), a summary and a plot."""
 
 from __future__ import annotations
 
@@ -23,8 +24,12 @@ def test_demo_runs_on_embedded_defaults(tmp_path: Path) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["valvey_exit_code"] == 0
     assert summary["points_spooled"] > 50
-    # The CDU's heat figure is the demo's primary feedforward source: no source-lost alarm.
+    # racky runs in the demo: valvey's feedforward has its primary source, racky's rack power
     assert not [a for a in summary["alarms_raised"] if "feedforward_source_lost" in a]
+    assert summary["ff_source_share"].get("rack_power", 0) > 0.5, summary["ff_source_share"]
+    assert summary["racky"]["lifecycle"] == "provisioning"
+    assert summary["racky"]["budget_w"] == 140_000.0 and summary["racky"]["exit_code"] == 0
+    assert 30_000 < summary["racky"]["rack_power_max_w"] < 140_000, summary["racky"]
     assert Path(summary["spool_dir"]).is_dir()
     (step,) = summary["steps"]
     assert step["disturbance"] == "load step up"
@@ -39,7 +44,7 @@ def test_demo_runs_on_embedded_defaults(tmp_path: Path) -> None:
 
 def test_demo_summary_names_the_control_mode_that_ran() -> None:
     """Not "PI control" when feedforward ran (F3): the mode comes from valvey's own state."""
-    from harness.demo import _alarm_note, control_mode_from_states
+    from harness.demo import alarm_note, control_mode_from_states
 
     def st(enabled: bool, source: str) -> dict[str, object]:
         return {"feedforward": {"enabled": enabled, "source": source}}
@@ -47,7 +52,8 @@ def test_demo_summary_names_the_control_mode_that_ran() -> None:
     assert control_mode_from_states([st(False, "none")] * 3) == "PI only"
     assert control_mode_from_states([]) == "PI only"
     heat = control_mode_from_states([st(True, "none"), st(True, "heat_removed")])
-    assert heat == "PI + feedforward from the CDU's heat removed (no racky in the demo)"
+    assert heat == ("PI + feedforward from the CDU's heat removed (racky's rack power "
+                    "missing or stale)")
     both = control_mode_from_states([st(True, "rack_power"), st(True, "heat_removed")])
     assert both.startswith("PI + feedforward from racky's rack power then the CDU's")
-    assert _alarm_note("feedforward_source_lost") == "" and _alarm_note("x") == ""
+    assert alarm_note("valvey:feedforward_source_lost") == "" and alarm_note("x") == ""

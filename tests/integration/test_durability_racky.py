@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.servers import Mosquitto
-from rackctl.client import ClientSettings, CommandClient
-from tests.integration.harness import (
+from harness.daemons import (
     NotifySocket,
     Proc,
     racky_proc,
@@ -22,6 +20,8 @@ from tests.integration.harness import (
     until,
     write_config,
 )
+from harness.servers import Mosquitto
+from rackctl.client import ClientSettings, CommandClient
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 

@@ -27,12 +27,7 @@ from typing import Any
 
 import pytest
 
-from harness.servers import Mosquitto, VictoriaMetrics, free_port
-from rackplane.clock import FakeClock
-from rackplane.io.mqtt import Message
-from rackplane.io.tsdb import TelemetryWriter
-from rackplane.settings import Identity, MqttSettings, SpoolSettings, TsdbSettings
-from tests.integration.harness import (
+from harness.daemons import (
     MqttClient,
     NotifySocket,
     sim_proc,
@@ -41,6 +36,11 @@ from tests.integration.harness import (
     valvey_proc,
     write_config,
 )
+from harness.servers import Mosquitto, VictoriaMetrics, free_port
+from rackplane.clock import FakeClock
+from rackplane.io.mqtt import Message
+from rackplane.io.tsdb import TelemetryWriter
+from rackplane.settings import Identity, MqttSettings, SpoolSettings, TsdbSettings
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 

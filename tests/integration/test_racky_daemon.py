@@ -21,12 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.servers import Mosquitto, VictoriaMetrics
-from rackplane.commands import CommandReply
-from racky.app import Racky
-from racky.config import RackyConfig
-from tests.adapters.mqtt_cli import MqttSub, mqtt_pub
-from tests.integration.harness import (
+from harness.daemons import (
     Proc,
     command_envelope,
     in_process_rack,
@@ -34,6 +29,11 @@ from tests.integration.harness import (
     until,
     write_config,
 )
+from harness.servers import Mosquitto, VictoriaMetrics
+from rackplane.commands import CommandReply
+from racky.app import Racky
+from racky.config import RackyConfig
+from tests.adapters.mqtt_cli import MqttSub, mqtt_pub
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 
@@ -89,7 +89,7 @@ async def test_discovery_dormant_reprobe_and_shelf_alarm_reach_mqtt_and_the_time
                         is not None and racky.core.last.shelves.shelves_reporting == 8,
                         20.0, "8 shelves reporting again")
         series = await asyncio.to_thread(
-            victoria.wait_export, '{__name__="alarm_active",alarm=~"shelf_offline.*u3"}', 2, 20.0)
+            victoria.wait_export, '{__name__="alarm_active",alarm=~"shelf_offline:.*u3"}', 2, 20.0)
         values = [v for s in series for v in s["values"]]
         assert 1.0 in values and values[-1] == 0.0, series  # raised, then cleared
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.daemons import command_envelope, in_process_rack
 from harness.servers import Mosquitto
 from rackplane.commands import CommandReply
 from rackplane.settings import ModbusTargetSettings
 from racky.app import Racky
 from racky.config import RackyConfig
 from tests.adapters.mqtt_cli import MqttSub, mqtt_pub
-from tests.integration.harness import command_envelope, in_process_rack
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 

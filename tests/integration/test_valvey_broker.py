@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from harness.daemons import sim_proc, valvey_proc, write_valvey_config
 from harness.servers import Mosquitto, free_port
 from rackplane.clock import SYSTEM_CLOCK
 from rackplane.io.mqtt import Message, MqttLink
 from rackplane.settings import Identity, MqttSettings
-from tests.integration.harness import sim_proc, valvey_proc, write_valvey_config
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.daemons import Watcher, sim_proc, valvey_proc, write_valvey_config
 from harness.servers import Mosquitto, VictoriaMetrics, free_port
 from sims.metrics import step_metrics
-from tests.integration.harness import Watcher, sim_proc, valvey_proc, write_valvey_config
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 
@@ -119,7 +119,7 @@ async def test_valvey_controls_the_cdu_end_to_end(
             # periods" is asserted in lock-step (tests/unit/test_valvey_control.py)
             await w.until(lambda: w.last_loop().get("mode") == "failsafe", 20, "fail-safe", valvey)
             assert w.last_loop()["valve_command_pct"] == 100.0
-            await w.until(lambda: "supply_pv_invalid" in w.rec.alarms, 10,
+            await w.until(lambda: "valvey:supply_pv_invalid" in w.rec.alarms, 10,
                           "the supply_pv_invalid alarm on MQTT", valvey)
             assert w.last_loop()["pv_status"] in ("stale", "missing", "bad")
             await asyncio.sleep(2)
@@ -138,7 +138,8 @@ async def test_valvey_controls_the_cdu_end_to_end(
                 sim2,
             )
             await w.until(
-                lambda: "supply_pv_invalid" not in w.rec.alarms, 10, "PV alarm cleared", valvey
+                lambda: "valvey:supply_pv_invalid" not in w.rec.alarms, 10, "PV alarm cleared",
+                valvey,
             )
 
             # --- 4. BR-18: SIGTERM with points buffered delivers all of them --------------------

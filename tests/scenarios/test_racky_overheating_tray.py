@@ -14,7 +14,7 @@ def test_overheating_tray_warned_30s_ahead_and_protected() -> None:
     assert by["racky.overheat.throttled_with_protection"].passed, by
     assert max(r_off.trace["throttled"]) > 0  # without protection the slowdown does come
     warn = r_off.raised("tray_overheat")
-    assert warn and warn[0].id == "tray_overheat.tray05" and "cause: tray" in warn[0].message
+    assert warn and warn[0].id == "tray_overheat:tray05" and "cause: tray" in warn[0].message
 
 
 def test_overheating_tray_step_fouling_detected() -> None:

@@ -33,7 +33,7 @@ def test_s7_flapping_link_figures_and_faults_detected() -> None:
     assert exp == 2 and det == exp, misses  # the 3-flap port and the held-down port
     # a powered tray's links never flapped: no other link alarm anywhere in the rack
     things = {a.id for a in run.raised() if a.id.startswith(("link_", "port_"))}
-    assert things == {"link_flapping.gpu07-nic1", "port_dropped.gpu40-nic0"}
+    assert things == {"link_flapping:gpu07-nic1", "port_dropped:gpu40-nic0"}
 
 
 def test_br13_flap_alert_from_polled_state_and_from_carrier_change_deltas() -> None:

@@ -84,12 +84,13 @@ def test_s2_agentic_bursts() -> None:
 
 
 def test_s3_pump_trip() -> None:
-    """S3 at 132 kW: trip detected ≤ 0.5 s, standby commanded ≤ 1 s, flow ≥ 45 %, Tj rise
+    """S3 at 132 kW: trip detected ≤ 0.5 s, standby commanded ≤ 0.25 s (issue 21), flow ≥ 45 %
+    (read at every 0.1 s plant step), Tj rise
     ≤ 5 K, a pump alarm raised (run to 120 s after the trip: flow and Tj have recovered)."""
     res = run_valvey(load_scenario("pump-trip"), duration_s=180.0)
     f = figures(res)
     assert f["fault_detected_s"] is not None and f["fault_detected_s"] <= 0.5, f
-    assert f["standby_commanded_s"] is not None and f["standby_commanded_s"] <= 1.0, f
+    assert f["standby_commanded_s"] is not None and f["standby_commanded_s"] <= 0.25, f
     assert f["min_flow_pct"] >= 45.0, f
     assert f["gpu_tj_rise_k"] <= 5.0, f
     assert f["pump_alarm"], f

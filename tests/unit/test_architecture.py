@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("rackplane", "valvey", "racky", "sims", "harness", "rackctl")
+PACKAGES = ("rackplane", "valvey", "racky", "sims", "harness", "rackctl", "trayagent",
+            "rlc")
 
 
 def _imports(nodes: list[ast.stmt] | list[ast.AST]) -> set[str]:
@@ -66,9 +67,12 @@ def _importers(prefix: str) -> set[str]:
                   "harness/benchkids/modbus_poll.py"}),
     ("influxdb_client", {"rackplane/io/tsdb/influx.py", "harness/benchkids/tsdb_write.py"}),
     ("simple_pid", {"rackplane/core/pid.py"}),
-    ("prometheus_client", {"rackplane/io/selfmetrics.py"}),
+    ("prometheus_client", {"rackplane/io/selfmetrics.py", "trayagent/dcgm.py"}),
     ("serial", {"rackplane/io/modbus/client.py"}),
     ("msgspec", {"rackplane/core/tray_contract.py"}),
+    ("pynvml", {"trayagent/nvml.py"}),
+    ("redfish", {"trayagent/redfish.py"}),
+    ("nats", {"rackplane/io/nats/kv.py"}),
     ("orjson", set()),  # replaced by msgspec (one library for one job)
 ])
 def test_each_library_has_one_adapter(library: str, allowed: set[str]) -> None:
@@ -85,16 +89,20 @@ def test_command_router_is_independent_of_the_mqtt_adapter() -> None:
 
 # --- dependency rules (DESIGN §2) ---------------------------------------------------------------
 
-DAEMONS = ("valvey", "racky")
-CORE_DIRS = ("rackplane/core/", "valvey/core/", "racky/core/")
+DAEMONS = ("valvey", "racky", "trayagent", "rlc")
+CORE_DIRS = ("rackplane/core/", "valvey/core/", "racky/core/", "trayagent/core/",
+             "rlc/core/")
 # The simulators' plant models are pure cores too; their protocol faces and runtime are not.
 # Entries ending in "/" are packages: every module under them is a pure core.
 SIM_CORES = ("sims/cdu/", "sims/loads.py", "sims/sensors.py", "sims/scenario/",
              "sims/metrics.py", "sims/rack.py", "sims/power.py", "sims/environment.py",
-             "sims/workloads/", "sims/row.py", "sims/fabric/", "sims/link_harness.py")
+             "sims/workloads/", "sims/row.py", "sims/fabric/", "sims/link_harness.py",
+             "sims/backend/")
 # What a pure core may never import: adapters, sockets, event loops, I/O libraries.
-IO = {"asyncio", "socket", "aiomqtt", "paho", "pymodbus", "influxdb_client", "urllib", "http",
-      "serial", "sdnotify", "prometheus_client", "subprocess", "threading", "rackplane.io"}
+IO = {"asyncio", "socket", "pynvml", "ctypes", "redfish", "requests",
+      "aiomqtt", "paho", "pymodbus", "influxdb_client", "urllib", "http",
+      "serial", "sdnotify", "prometheus_client", "subprocess", "threading", "nats",
+      "rackplane.io"}
 
 
 def is_core(mod: str) -> bool:
@@ -152,6 +160,10 @@ def test_dependency_rules() -> None:
     ("sims/telemetry.py", "racky.core.telemetry"),
     ("sims/cdu/plant.py", "asyncio"),
     ("sims/cdu/registers.py", "rackplane.io.modbus"),
+    ("trayagent/core/caps.py", "pynvml"),
+    ("trayagent/app.py", "racky.core.telemetry"),
+    ("trayagent/app.py", "sims.telemetry"),
+    ("rackplane/core/leadership.py", "nats.js.kv"),
 ])
 def test_dependency_rules_catch_a_planted_violation(module: str, planted: str) -> None:
     """The checker is shown to fail: each forbidden import, planted, is reported."""

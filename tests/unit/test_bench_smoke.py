@@ -1,5 +1,6 @@
-"""Smoke tests of the benchmark suite (harness/bench.py) in quick mode: the plumbing runs and
-writes figures; no timing is asserted (speed figures live in bench results, not tests)."""
+"""Smoke tests of the benchmark suite (harness/bench.py, benchrun.py, benchsections.py) in quick
+mode: the plumbing runs and writes figures; no timing is asserted (speed figures live in bench
+results, not tests)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from harness import bench
+from harness import bench, benchrun
 from harness.figures import write_results
 
 
 def test_spread_figure_reports_median_and_spread() -> None:
-    f = bench.spread_figure("bench.x", [3.0, 1.0, 2.0], "x", 1.5, ">=", "how")
+    f = benchrun.spread_figure("bench.x", [3.0, 1.0, 2.0], "x", 1.5, ">=", "how")
     assert f.value == 2.0 and f.passed is True
     assert "median of 3" in f.detail and "1..3" in f.detail
-    empty = bench.spread_figure("bench.y", [], "x", 1.0, ">=", "how")
+    empty = benchrun.spread_figure("bench.y", [], "x", 1.0, ">=", "how")
     assert empty.value is None and empty.passed is False
 
 
 def test_machine_info_names_the_machine() -> None:
-    m = bench.machine_info()
+    m = benchrun.machine_info()
     assert m["cores"] and m["python"] and m["cpu"]
 
 
@@ -37,6 +38,15 @@ def test_lockstep_section_quick(tmp_path: Path) -> None:
     write_results(tmp_path, figs, "bench")
     data = json.loads((tmp_path / "results.json").read_text())
     assert all(d["name"].startswith("bench.") for d in data)
+
+
+def test_rlc_section_quick(tmp_path: Path) -> None:
+    """The rlc allocation-cycle figure is produced (its time is a bench result, not asserted)."""
+    figs = {f.name: f for f in bench.run_suite(tmp_path, True, only=["rlc"])}
+    f = figs["bench.rlc.allocation_cycle_1800_racks_ms"]
+    assert f.value is not None and f.value > 0 and f.target == 100.0, f.detail
+    assert "1,800 racks" in f.detail
+    assert figs["bench.rlc.cycle_growth_10x_racks"].value
 
 
 def test_plots_are_written(tmp_path: Path) -> None:

@@ -119,7 +119,7 @@ class Rig:
                 env["args"] = dict(args)
             payload = json.dumps(env).encode()
         return Message(
-            topic=self.link.topics.cmd(user, verb) if "/" not in verb else verb,
+            topic=f"{self.link.topics.base}/cmd/{user}/{verb}" if "/" not in verb else verb,
             payload=payload, qos=1, retain=retain, dup=dup,
             received_mono=self.clock.monotonic(), response_topic=response_topic,
             correlation_data=correlation_data,
@@ -298,19 +298,23 @@ def test_set_mode_manual_auto_and_shadow() -> None:
     assert r["ok"] and not rig.core.loop.shadow
 
 
-@pytest.mark.parametrize(("args", "path"), [
-    ({"mode": "manual"}, "args: Value error, output_pct is required"),
-    ({"mode": "auto", "output_pct": 10}, "args: Value error, output_pct is only accepted"),
-    ({"mode": "manual", "output_pct": 101}, "args.output_pct: Input should be less than"),
-    ({"mode": "hand"}, "args.mode: Input should be 'auto'"),
-    ({"mode": "manual", "output_pct": "50"}, "args.output_pct: Input should be a valid number"),
-    ({"mode": "manual", "output_pct": True}, "args.output_pct: Input should be a valid number"),
+@pytest.mark.parametrize(("args", "code", "path"), [
+    ({"mode": "manual"}, "invalid_args", "args: Value error, output_pct is required"),
+    ({"mode": "auto", "output_pct": 10}, "invalid_args",
+     "args: Value error, output_pct is only accepted"),
+    ({"mode": "manual", "output_pct": 101}, "out_of_range",
+     "args.output_pct = 101 % is outside [0, 100] %"),
+    ({"mode": "hand"}, "invalid_args", "args.mode: Input should be 'auto'"),
+    ({"mode": "manual", "output_pct": "50"}, "wrong_type",
+     "args.output_pct: Input should be a valid number"),
+    ({"mode": "manual", "output_pct": True}, "wrong_type",
+     "args.output_pct: Input should be a valid number"),
 ])
-def test_set_mode_invalid_args(args: dict[str, Any], path: str) -> None:
+def test_set_mode_invalid_args(args: dict[str, Any], code: str, path: str) -> None:
     rig = make_rig()
     before = loop_fingerprint(rig.core)
     reply = rig.call("set_mode", args)
-    assert error_code(reply) == "invalid_args"
+    assert error_code(reply) == code
     assert path in reply["error"]["message"]
     assert loop_fingerprint(rig.core) == before
 
@@ -342,10 +346,10 @@ def test_ack_and_shelve_alarms() -> None:
     ("ack_alarm", {"alarm_id": "no_such_alarm"}, "unknown_alarm", "no_such_alarm"),
     ("shelve_alarm", {"alarm_id": "no_such_alarm", "duration_s": 600}, "unknown_alarm", "no_"),
     ("ack_alarm", {"alarm_id": "Bad Id"}, "invalid_args", "args.alarm_id"),
-    ("shelve_alarm", {"alarm_id": SUPPLY_PV_INVALID, "duration_s": 59}, "invalid_args",
-     "args.duration_s: Input should be greater than or equal to 60"),
-    ("shelve_alarm", {"alarm_id": SUPPLY_PV_INVALID, "duration_s": 28801}, "invalid_args",
-     "args.duration_s: Input should be less than or equal to 28800"),
+    ("shelve_alarm", {"alarm_id": SUPPLY_PV_INVALID, "duration_s": 59}, "out_of_range",
+     "args.duration_s = 59 s is outside [60, 28800] s"),
+    ("shelve_alarm", {"alarm_id": SUPPLY_PV_INVALID, "duration_s": 28801}, "out_of_range",
+     "args.duration_s = 28801 s is outside [60, 28800] s"),
     ("shelve_alarm", {"alarm_id": SUPPLY_PV_INVALID}, "invalid_args",
      "args.duration_s: Field required"),
 ])
@@ -381,26 +385,31 @@ def test_too_large_refused_before_parsing() -> None:
     assert "1024" in reply["error"]["message"]
 
 
-@pytest.mark.parametrize(("payload", "text"), [
-    (b"", "empty payload"),
-    (b"\xff\xfe{}", "not UTF-8"),
-    (b"{not json", "not valid JSON"),
-    (b'{"request_id": "a"} trailing', "not valid JSON"),
-    (b'{"request_id": NaN}', "NaN is not valid JSON"),
-    (b'{"x": Infinity}', "Infinity is not valid JSON"),
-    (b'{"request_id": "a", "request_id": "b"}', "duplicate key 'request_id'"),
-    (b"[" * 3000 + b"]" * 3000, "nested deeper than 32 levels"),
+@pytest.mark.parametrize(("payload", "code", "text"), [
+    (b"", "bad_json", "empty payload"),
+    (b"\xff\xfe{}", "bad_json", "not UTF-8"),
+    (b"{not json", "bad_json", "not valid JSON"),
+    (b'{"request_id": "a"} trailing', "bad_json", "not valid JSON"),
+    (b'{"request_id": NaN}', "non_finite", "NaN is not valid JSON"),
+    (b'{"x": Infinity}', "non_finite", "Infinity is not valid JSON"),
+    (b'{"x": -Infinity}', "non_finite", "Infinity is not valid JSON"),
+    (b'{"x": 1e400}', "non_finite", "beyond a double's range"),
+    (b'{"x": [-2.5e999]}', "non_finite", "beyond a double's range"),
+    (b'{"request_id": "a", "request_id": "b"}', "duplicate_key", "duplicate key 'request_id'"),
+    (b'{"args": {"a": 1, "a": 1}}', "duplicate_key", "duplicate key 'a'"),
+    (b"[" * 3000 + b"]" * 3000, "too_deep", "nested deeper than 32 levels"),
     (b'{"request_id": "n-1", "issued_at": "x", "args": {"a": ' + b"[" * 40 + b"]" * 40 + b"}}",
-     "nested deeper than 32 levels"),
-    (b"[1, 2]", "must be a JSON object, got an array"),
-    (b'"a string"', "got a string"),
-    (b"null", "got null"),
-    (b"1" * 5000, "not valid JSON"),  # more digits than Python converts
+     "too_deep", "nested deeper than 32 levels"),
+    (b"[1, 2]", "wrong_type", "must be a JSON object, got an array"),
+    (b'"a string"', "wrong_type", "got a string"),
+    (b"null", "wrong_type", "got null"),
+    (b"1" * 5000, "bad_json", "not valid JSON"),  # more digits than Python converts
 ])
-def test_bad_json(payload: bytes, text: str) -> None:
+def test_bad_json(payload: bytes, code: str, text: str) -> None:
+    """Each kind of hostile JSON is refused with its own code (issue 14 item 13)."""
     rig = make_rig({"max_payload_bytes": 16384})
     reply = rig.send(rig.msg("get_state", payload=payload))
-    assert error_code(reply) == "bad_json" and reply["request_id"] is None
+    assert error_code(reply) == code and reply["request_id"] is None
     assert text in reply["error"]["message"]
 
 
@@ -413,6 +422,15 @@ def test_bad_json(payload: bytes, text: str) -> None:
      "an RFC 3339 timestamp string"),
     ({"request_id": "e-4", "issued_at": "yesterday"}, "e-4", "issued_at: Input should be a "
      "valid datetime"),
+    # numbers as strings: pydantic read them as unix s / ms and "-1" as 1969 (issue 14 round 2)
+    ({"request_id": "e-7", "issued_at": "1767225600"}, "e-7", "issued_at: Value error, must be "
+     "an RFC 3339 timestamp string"),
+    ({"request_id": "e-8", "issued_at": "1767225600000"}, "e-8", "issued_at: Value error, must "
+     "be an RFC 3339 timestamp string"),
+    ({"request_id": "e-9", "issued_at": "-1"}, "e-9", "issued_at: Value error, must be an RFC "
+     "3339 timestamp string"),
+    ({"request_id": "e-10", "issued_at": " 1.7672256e9 "}, "e-10", "issued_at: Value error, "
+     "must be an RFC 3339 timestamp string"),
     ({"request_id": "bad id!", "issued_at": "NOW"}, None, "request_id: String should match"),
     ({"request_id": "x" * 65, "issued_at": "NOW"}, None, "request_id: String should have at most"),
     ({"request_id": 7, "issued_at": "NOW"}, None, "request_id: Input should be a valid string"),
@@ -630,15 +648,22 @@ def test_reply_topic_v5_response_topic_by_convention_else_result() -> None:
     refused = [t.cmd("bob", "set_setpoint"), t.cmd_result("bob", "get_state"),
                t.state("supply_loop"), "rackplane/lab/r1/racky/state/rack_power",
                "clients/alice/replies", t.cmd("alice", "get_state") + "/other",
-               t.cmd("alice", "get_state") + "/result//x"]
+               t.cmd("alice", "get_state") + "/result//x",
+               # acceptance round 2: wildcards, a level ending in a newline, a level with '.'
+               "rackplane/+/+/valvey/cmd/alice/get_state/result", "#",
+               t.cmd("alice", "get_state") + "/result/x\n",
+               t.cmd("alice", "get_state") + "/result/+",
+               t.cmd("alice", "get_state") + "/result/a.b", "$SYS/broker/x"]
     for i, rt in enumerate(refused):
-        rig.call("get_state", {}, rid=f"c{i}", response_topic=rt)
+        drive(rig.router.handle(rig.msg("get_state", {}, rid=f"c{i}", response_topic=rt)))
     topics = [m.response_topic for m, _ in rig.replies]
     result = t.cmd_result("alice", "get_state")
-    assert topics == [own, result, t.cmd_result("alice", "set_mode")] + [result] * len(refused)
+    # Issue 14 item 12: a refused response topic gets no reply at all (audit only).
+    assert topics == [own, result, t.cmd_result("alice", "set_mode")]
     assert rig.replies[0][0].correlation_data == b"\x01\x02"
     assert len(rig.log.named("command_response_topic_refused")) == len(refused)
-    assert [a.reply_topic for a in rig.audits] == topics
+    assert [a.reply_topic for a in rig.audits] == topics + [None] * len(refused)
+    assert {a.outcome for a in rig.audits[3:]} == {"response_topic_refused"}
 
 
 def test_every_command_audited_once_with_numeric_fields() -> None:
@@ -730,7 +755,7 @@ def test_command_settings_validation_names_key_paths() -> None:
     text = str(err.value)
     for path in ("commands.users.bob", "commands.ttl_s", "commands.sudo"):
         assert path in text, path
-    with pytest.raises(ConfigError, match=r"commands\.users: Value error, username 'a/b'"):
+    with pytest.raises(ConfigError, match=r"commands\.users\.a/b\[key\]: Value error, value 'a/b'"):
         validate_data(ValveyConfig, {"commands": {"users": {"a/b": "operator"}}})
 
 

@@ -123,7 +123,7 @@ async def test_test_block_verb_only_behind_the_env_flag_sync_blocks_thread_does_
     during, reply = await _ticks_during(rig, {"seconds": 0.3, "mode": "sync"})
     assert reply["ok"] and during <= 1  # the loop was blocked (BR-24 b broken design)
     assert error_code(await handle(rig, "test_block", {"seconds": 31, "mode": "thread"},
-                                   rid="b-long")) == "invalid_args"
+                                   rid="b-long")) == "out_of_range"
     assert "test_block" not in contract_of(rig.router).verbs  # never part of the contract
 
 

@@ -95,6 +95,7 @@ def test_parse_args_json_values_and_plain_strings() -> None:
 def test_watch_filters() -> None:
     topics = ClientSettings(site="lab", rack="r1").topics("valvey")
     assert watch_filters(topics) == ["rackplane/lab/r1/valvey/status",
+                                     "rackplane/lab/r1/valvey/status/+",
                                      "rackplane/lab/r1/valvey/state/+",
                                      "rackplane/lab/r1/valvey/alarm/+"]
 
@@ -155,13 +156,51 @@ async def test_reply_with_null_request_id_matched_by_correlation_data() -> None:
     client = CommandClient(ClientSettings(port=closed_port()))
     fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
     client._pending["rc-1"] = fut
+    client._by_correlation[b"c-1"] = "rc-1"
     body = {"request_id": None, "ok": False, "state": None,
             "error": {"code": "too_large", "message": "over 16384 bytes"}}
     client._on_reply(Message("t/result/n", json.dumps(body).encode(), correlation_data=b"other"))
     assert not fut.done()
-    client._on_reply(Message("t/result/n", json.dumps(body).encode(), correlation_data=b"rc-1"))
+    client._on_reply(Message("t/result/n", json.dumps(body).encode(), correlation_data=b"c-1"))
     assert fut.done() and fut.result()["error"]["code"] == "too_large"
     assert client.arrivals == ["rc-1"]
+
+
+def _reply(rid: str | None, *, corr: bytes | None = None, retain: bool = False) -> Message:
+    body = {"request_id": rid, "ok": True, "error": None, "state": {}}
+    return Message("t/result/n", json.dumps(body).encode(), retain=retain,
+                   correlation_data=corr)
+
+
+async def test_v5_matches_by_correlation_data_never_by_a_foreign_request_id() -> None:
+    """Issue 14 item 12: on v5 the Correlation Data decides; a reply carrying our request_id
+    but another request's correlation data, or a retained one, is not our reply."""
+    client = CommandClient(ClientSettings(port=closed_port(), protocol="5"))
+    loop = asyncio.get_running_loop()
+    fut_a: asyncio.Future[dict[str, Any]] = loop.create_future()
+    fut_b: asyncio.Future[dict[str, Any]] = loop.create_future()
+    client._pending.update({"a": fut_a, "b": fut_b})
+    client._by_correlation.update({b"ca": "a", b"cb": "b"})
+    client._on_reply(_reply("a", corr=b"cb"))  # b's correlation, a's id: refused
+    client._on_reply(_reply("a", corr=b"zz"))  # unknown correlation
+    client._on_reply(_reply("a", corr=b"ca", retain=True))  # retained
+    assert not fut_a.done() and not fut_b.done()
+    assert client.ignored_replies == {"unmatched": 2, "retained": 1}
+    client._on_reply(_reply("a", corr=b"ca"))
+    assert fut_a.done() and not fut_b.done()
+
+
+async def test_3_1_1_matches_by_request_id_and_ignores_retained() -> None:
+    client = CommandClient(ClientSettings(port=closed_port(), protocol="3.1.1"))
+    fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    client._pending["a"] = fut
+    client._on_reply(_reply("a", retain=True))  # e.g. a stale retained reply at subscribe
+    client._on_reply(_reply(None))
+    client._on_reply(_reply("other"))
+    assert not fut.done()
+    assert client.ignored_replies == {"retained": 1, "unmatched": 2}
+    client._on_reply(_reply("a"))
+    assert fut.done() and client.arrivals == ["a"]
 
 
 @pytest.mark.parametrize("command", ["cmd", "watch"])
@@ -200,13 +239,19 @@ def test_bench_and_scenarios_call_their_modules_lazily(
     monkeypatch.setitem(sys.modules, "harness.report", report)
     r = CliRunner().invoke(app, ["bench", "--out", str(tmp_path), "--quick"])
     assert r.exit_code == 1  # the module's verdict is the exit code
+    r = CliRunner().invoke(app, ["bench", "--out", str(tmp_path), "--only", "chaos",
+                                 "--chaos-failovers", "5"])
+    assert r.exit_code == 1
+    r = CliRunner().invoke(app, ["bench", "--out", str(tmp_path), "--chaos-failovers", "0"])
+    assert r.exit_code == 2  # below its bound: a usage error, the module not called
     r = CliRunner().invoke(app, ["scenarios", "--out", str(tmp_path / "s"), "--only", "S1",
                                  "--only", "S4"])
     assert r.exit_code == 0
     r = CliRunner().invoke(app, ["scenarios", "--out", str(tmp_path)])
     assert r.exit_code == 0
     assert calls == [
-        ("bench", {"out": tmp_path, "quick": True}),
+        ("bench", {"out": tmp_path, "quick": True, "only": None, "chaos_failovers": 20}),
+        ("bench", {"out": tmp_path, "quick": False, "only": ["chaos"], "chaos_failovers": 5}),
         ("report", {"out": tmp_path / "s", "quick": False, "only": ["S1", "S4"]}),
         ("report", {"out": tmp_path, "quick": False, "only": None}),
     ]

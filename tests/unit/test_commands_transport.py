@@ -149,11 +149,60 @@ async def test_valid_command_is_applied_once_and_answered_on_its_response_topic(
     assert rig.router.stats.applied == 2
 
 
-async def test_a_foreign_response_topic_is_not_used() -> None:
+HOSTILE_RESPONSE_TOPICS = [
+    "rackplane/lab/r1/valvey/cmd/bms/set_value/result",  # another user's reply space
+    "rackplane/lab/r1/valvey/cmd/alice/set_value",  # a command topic (its own!)
+    "rackplane/lab/r1/racky/cmd/alice/set_budget",  # another daemon's command topic
+    "rackplane/lab/r1/racky/cmd/alice/set_budget/result",  # another daemon's replies
+    "rackplane/lab/r1/valvey/state/supply_loop",  # the daemon's own state
+    "$SYS/broker/clients", "$share/g/rackplane/lab/r1/valvey/cmd/alice/x/result",
+    "rackplane/lab/r1/valvey/cmd/alice/set_value/result/#",  # wildcards
+    "rackplane/lab/r1/valvey/cmd/alice/+/result",
+    "rackplane/lab/r1/valvey/cmd/alice/set_value/result/+",
+    "rackplane/lab/r1/valvey/cmd/alice/set_value/result/a.b",  # NATS-hostile levels
+    "rackplane/lab/r1/valvey/cmd/alice/set_value/result/a b",
+    "rackplane/lab/r1/valvey/cmd/alice/set_value/result//x",  # an empty level
+    "rackplane/lab/r1/valvey/cmd/alice/set_value/result/",
+    "rackplane/lab/r1/valvey/cmd/alice/set_value/other",  # not .../result
+    "rackplane/lab/r1/valvey/cmd/alice/set_value/result/\x00", "clients/alice/replies", "",
+]
+
+
+@pytest.mark.parametrize("response_topic", HOSTILE_RESPONSE_TOPICS)
+async def test_a_hostile_response_topic_is_neither_answered_nor_executed(
+    response_topic: str
+) -> None:
+    """Issue 14 item 12: a response topic outside the sender's own reply space
+    (``<base>/cmd/<user>/<verb>/result[/...]``) gets no reply at all (the old router answered on
+    ``.../result`` anyway); the command is not executed; it is audited (outcome
+    response_topic_refused, with its correlation data logged as hex)."""
     rig = Rig()
-    other = rig.transport.topics.cmd_result("bms", "set_value")  # another user's reply space
-    await rig.send(rig.msg("set_value", {"value": 1.0}, response_topic=other))
+    msg = rig.msg("set_value", {"value": 1.0}, response_topic=response_topic,
+                  correlation_data=b"\xca\xfe")
+    await rig.transport.deliver(msg)
+    assert rig.transport.replies == []
+    assert rig.applied == []
+    (audit,) = rig.audits
+    assert (audit.outcome, audit.ok, audit.reply_topic, audit.request_id) == (
+        "response_topic_refused", False, None, "r-1")
+    assert rig.router.stats.refused == {"response_topic_refused": 1}
+
+
+async def test_the_audit_line_carries_the_correlation_data_as_hex() -> None:
+    from structlog.testing import capture_logs
+    rig = Rig()
+    own = rig.transport.topics.cmd_result("alice", "get_state") + "/n1"
+    with capture_logs() as logs:
+        await rig.send(rig.msg("get_state", response_topic=own, correlation_data=b"\x00\xffrq"))
+    (line,) = [e for e in logs if e["event"] == "command"]
+    assert line["correlation_data"] == "00ff7271" and line["reply_topic"] == own
+
+
+async def test_a_request_without_response_topic_is_answered_on_result() -> None:
+    rig = Rig()
+    await rig.send(rig.msg("set_value", {"value": 1.0}))
     assert rig.transport.replies[-1][0] == rig.transport.topics.cmd_result("alice", "set_value")
+    assert rig.applied == [(1.0, "alice")]
 
 
 @pytest.mark.parametrize(("kw", "code"), [
@@ -175,8 +224,8 @@ async def test_retained_or_expired_command_is_never_acted_on(kw: dict[str, Any],
 
 @pytest.mark.parametrize(("user", "args", "code"), [
     ("viewer", {"value": 10.0}, "forbidden"),
-    ("alice", {"value": 101.0}, "invalid_args"),
-    ("alice", {"value": "10"}, "invalid_args"),
+    ("alice", {"value": 101.0}, "out_of_range"),
+    ("alice", {"value": "10"}, "wrong_type"),
 ])
 async def test_a_refused_command_is_audited(user: str, args: dict[str, Any], code: str) -> None:
     rig = Rig()

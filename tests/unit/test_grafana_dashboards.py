@@ -40,7 +40,10 @@ from rackplane.io.selfmetrics import snapshot_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "config" / "grafana"
-DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
+DASHBOARDS = sorted(p for p in (GRAFANA / "dashboards").glob("*.json")
+                    if not p.stem.endswith("-promql"))
+"""The InfluxQL dashboards."""
+PROMQL_DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*-promql.json"))
 IDENTITY_TAGS = {"site", "row", "rack"}
 
 
@@ -354,6 +357,68 @@ def test_dashboards_are_generated() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def promql_problems(board: dict[str, Any]) -> tuple[list[str], int]:
+    """PromQL expressions of ``board`` naming a series (``<measurement>_<field>``) or label
+    nobody writes; and the number checked."""
+    problems: list[str] = []
+    n = 0
+    for title, t in _queries(board):
+        expr = t["expr"]
+        n += 1
+        names = re.findall(r"([a-z_][a-z0-9_]*)\{", expr)
+        assert len(names) == 1, f"{title}: one series per expression: {expr}"
+        name = names[0]
+        meas = [m for m in SCHEMA.fields if name.startswith(m + "_")
+                and name[len(m) + 1:] in SCHEMA.fields[m]]
+        if not meas:
+            problems.append(f"{title}: series {name} is never written")
+            continue
+        m = max(meas, key=len)
+        labels = set(re.findall(r"([a-z_]+)=~?\"", expr))
+        by = re.search(r"\bby \(([^)]*)\)", expr)
+        labels |= {x.strip() for x in by.group(1).split(",")} if by else set()
+        for tg in sorted(labels - SCHEMA.tags[m] - IDENTITY_TAGS):
+            problems.append(f"{title}: label {m}.{tg} is never written")
+    for var in board["templating"]["list"]:
+        mm = re.match(r"^label_values\(([a-z0-9_]+), (\w+)\)$", var["query"]["query"])
+        assert mm is not None, var["query"]
+        if not any(mm.group(1) == f"{m}_{f}" for m, fs in SCHEMA.fields.items() for f in fs):
+            problems.append(f"variable {var['name']}: series {mm.group(1)} not written")
+    return problems, n
+
+
+@pytest.mark.parametrize("path", PROMQL_DASHBOARDS, ids=[p.stem for p in PROMQL_DASHBOARDS])
+def test_promql_dashboard_queries_only_written_series(path: Path) -> None:
+    problems, n = promql_problems(json.loads(path.read_text()))
+    assert n >= 10
+    assert not problems, "\n".join(problems)
+
+
+def test_promql_check_can_fail() -> None:
+    board = json.loads((GRAFANA / "dashboards" / "valvey-promql.json").read_text())
+    panel = next(p for p in board["panels"] if p.get("targets"))
+    target = panel["targets"][0]
+    good = target["expr"]
+    for bad in (good.replace("pid_process_variable_c", "pid_no_such_field_c"),
+                good.replace('loop="supply_temp"', 'no_such_tag="x"')):
+        assert bad != good
+        probe = {**board, "panels": [{**panel, "targets": [{**target, "expr": bad}]}]}
+        assert promql_problems(probe)[0], bad
+
+
+def test_both_languages_show_the_same_panels() -> None:
+    """The PromQL set is the InfluxQL set rendered again: same panels, same fields."""
+    for path in DASHBOARDS:
+        influx = json.loads(path.read_text())
+        prom = json.loads(path.with_name(f"{path.stem}-promql.json").read_text())
+        assert [p["title"] for p in influx["panels"]] == [p["title"] for p in prom["panels"]]
+        for a, b in zip(influx["panels"], prom["panels"], strict=True):
+            fa = [f for t in a.get("targets", []) for f in re.findall(
+                r'AS "([^"]+)"', t["query"])]
+            fb = [t["legendFormat"].rsplit(" ", 1)[1] for t in b.get("targets", [])]
+            assert fa == fb, a["title"]
+
+
 def test_provisioning_uses_influxql_and_the_dashboards_datasource() -> None:
     yaml = pytest.importorskip("yaml")
     ds = yaml.safe_load((GRAFANA / "provisioning/datasources/rackplane-influxdb.yaml").read_text())
@@ -364,3 +429,12 @@ def test_provisioning_uses_influxql_and_the_dashboards_datasource() -> None:
     for path in DASHBOARDS:
         for _title, t in _queries(json.loads(path.read_text())):
             assert t["datasource"]["uid"] == src["uid"]
+    prom = yaml.safe_load(
+        (GRAFANA / "provisioning/datasources/rackplane-prometheus.yaml").read_text())
+    (psrc,) = prom["datasources"]
+    assert psrc["type"] == "prometheus"
+    for path in PROMQL_DASHBOARDS:
+        board = json.loads(path.read_text())
+        for _title, t in _queries(board):
+            assert t["datasource"]["uid"] == psrc["uid"]
+        assert {v["datasource"]["uid"] for v in board["templating"]["list"]} == {psrc["uid"]}

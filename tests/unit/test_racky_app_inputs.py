@@ -143,7 +143,7 @@ def test_a_malformed_agent_reply_is_refused_like_every_input(racky: Racky,
 
 
 def test_a_silent_tray_is_alarmed_and_never_counted_as_zero_watts() -> None:
-    """Tray 5's agent goes silent: its reading ages, ``tray_stale.tray05`` is raised, and the
+    """Tray 5's agent goes silent: its reading ages, ``tray_stale:tray05`` is raised, and the
     rack's IT power (no shelves here) becomes unknown instead of the sum of the other 17."""
     from racky.core.controller import RackyCore, RackyInputs
     from racky.core.lifecycle import Lifecycle, PersistedState
@@ -170,8 +170,8 @@ def test_a_silent_tray_is_alarmed_and_never_counted_as_zero_watts() -> None:
             if ev.kind == "raised":
                 raised.setdefault(ev.id, float(s))
         it_w.append(out.it_power_w)
-    assert "tray_stale.tray05" in raised, raised
-    assert 10.0 + a.stale_after_s <= raised["tray_stale.tray05"] <= 40.0
+    assert "tray_stale:tray05" in raised, raised
+    assert 10.0 + a.stale_after_s <= raised["tray_stale:tray05"] <= 40.0
     assert all(x is not None for x in it_w[:10])
     assert all(x is None for x in it_w[int(10 + a.stale_after_s) + 1:])
 
@@ -259,3 +259,16 @@ def test_the_simulators_plant_topic_beside_the_agents_telemetry_is_the_plant(
     c = r.cooling_reading()
     assert c is not None and c.flow_lpm == 850.0 and c.facility_supply_temp_c == 41.0
     assert r.ingest.errors == 0 and not r.racky_tick.payload_problems
+
+
+@pytest.mark.parametrize("ts_ns", [7_258_118_400 * 10**9, WALL0 * 1000, WALL0 + 3600 * 10**9])
+def test_a_retained_cooling_state_stamped_in_the_future_is_stale(racky: Racky, ts_ns: int
+                                                                 ) -> None:
+    """Acceptance round 2 of issue 14: a retained state stamped in the future (year 2200, ns
+    x 1000, an hour ahead) gave age 0 and was taken as fresh; its age is unknown: stale."""
+    stale = racky.cfg.power.derate.stale_after_s
+    st = {"supply_temp_c": 45.2, "setpoint_c": 45.0, "flow_lpm": 900.0,
+          "facility_supply_temp_c": 40.0, "ts_ns": ts_ns}
+    racky._on_cooling(_msg(racky.cooling_topic, st, retain=True, t=1000.0))
+    c = racky.cooling_reading()
+    assert c is not None and 1000.0 - c.t_mono > stale

@@ -119,7 +119,7 @@ def test_set_tray_cap_needs_a_lease_caps_at_the_lower_value_and_clears() -> None
     refused(rig, "set_tray_cap", {**args, "trays": [2, 99]}, "unknown_tray")
     refused(rig, "set_tray_cap", {**args, "power_w": lo - 1}, "out_of_range")
     refused(rig, "set_tray_cap", {**args, "power_w": hi + 1}, "out_of_range")
-    refused(rig, "set_tray_cap", {**args, "ttl_s": 0}, "invalid_args")
+    refused(rig, "set_tray_cap", {**args, "ttl_s": 0}, "out_of_range")
     r = rig.call("set_tray_cap", args)
     assert r["ok"], r
     ov = r["state"]["tray_cap_overrides"]
@@ -160,7 +160,7 @@ def test_cycle_trays_switches_off_now_and_back_on_through_the_sequencer() -> Non
     rig = make_rack()
     core = rig.core
     core.desired_powered = [True] * core.n_trays
-    refused(rig, "cycle_trays", {"trays": [1], "off_s": 0.5, "reason": "x"}, "invalid_args")
+    refused(rig, "cycle_trays", {"trays": [1], "off_s": 0.5, "reason": "x"}, "out_of_range")
     refused(rig, "cycle_trays", {"trays": [1, 40], "reason": "x"}, "unknown_tray")
     refused(rig, "cycle_trays", {"trays": [1], "reason": "x"}, "forbidden", user="viewer")
     lease(rig, [1], user="bob")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from racky.config import LinkSettings, RackyConfig
+from racky.config import RackyConfig
 from racky.core.linkframe import LinkFrame
 from racky.core.links import LinkHealth
+from racky.link_settings import LinkSettings
 
 # BR-13 (c): polls every 10 s, 4 transitions in 60 s, quiet 300 s.
 BR13 = {"flap_events": "transitions", "flap_count": 4, "flap_window_s": 60.0,

@@ -4,6 +4,8 @@ rack limit and the agents' smoothing settings."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -15,7 +17,15 @@ from racky.config import (
     SequencingSettings,
     ShelfPoints,
 )
-from racky.core.agent_settings import DesiredTray, Reconciler, Sequencer, diff_commands
+from racky.core.agent_settings import (
+    DRIFT_CAUSES,
+    DesiredTray,
+    DeviceLimits,
+    Reconciler,
+    Sequencer,
+    classify_cap_drift,
+    diff_commands,
+)
 from racky.core.power import (
     BlastRadius,
     CapAllocator,
@@ -259,9 +269,9 @@ def test_wire_args_are_contract_v1_never_null_with_a_ttl_on_caps() -> None:
                                       ramp_up_w_per_s=50.0)]
     cmds = diff_commands(old, new, "budget")
     wires = {c.trays: c.wire_args(1_800_000_000_000) for c in cmds}
-    assert wires[(0,)] == {"schema_version": "1.0", "trays": [0], "epoch": 1_800_000_000_000,
+    assert wires[(0,)] == {"schema_version": "1.2", "trays": [0], "epoch": 1_800_000_000_000,
                            "power_cap_w": 4000.0, "ramp_up_w_per_s": 50.0, "ttl_s": CAP_TTL_S}
-    assert wires[(1,)] == {"schema_version": "1.0", "trays": [1], "epoch": 1_800_000_000_000,
+    assert wires[(1,)] == {"schema_version": "1.2", "trays": [1], "epoch": 1_800_000_000_000,
                            "release": ["power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s"]}
     for w in wires.values():
         assert None not in w.values()
@@ -328,3 +338,109 @@ def test_a_power_capped_tray_is_estimated_above_its_power_so_its_cap_can_rise() 
     t = TrayTable.build(readings, 4, 4, 1.0, 5.0)
     d = alloc.demand(t)
     assert d[0] > 4000.0 * 1.09 and d[1] == pytest.approx(4000.0)
+
+
+# --- cap drift: classified, alarmed when it recurs (issue 14 item 14) -----------------------
+
+LIM = DeviceLimits(gpu_min_w=200.0, gpu_default_w=1200.0, gpu_max_w=1200.0,
+                   tray_min_w=1190.0, tray_default_w=7133.0, tray_max_w=7133.0)
+
+
+def _agent(held: float | None, enforced: float, gpu_held: float | None = None,
+           gpu_enforced: float = float("nan")) -> Any:
+    return AgentReading(
+        enforced_gpu_cap_w=gpu_enforced, enforced_tray_cap_w=enforced, floor_w=0.0,
+        power_cap_w=held, gpu_power_cap_w=gpu_held, power_floor_pct=0.0, ramp_up_w_per_s=None,
+        ramp_down_w_per_s=None, ramp_down_hysteresis_s=0.0, capping=False, flooring=False,
+        ramp_limited=False)
+
+
+@pytest.mark.parametrize(("want", "agent", "cause", "held"), [
+    # another value set: another writer
+    (DesiredTray(power_cap_w=5000.0), _agent(6200.0, 6200.0), "other_writer", 6200.0),
+    (DesiredTray(power_cap_w=5000.0), _agent(3000.0, 3000.0), "other_writer", 3000.0),
+    # no cap set, or the default limit set / in force: reverted to default
+    (DesiredTray(power_cap_w=5000.0), _agent(None, 7133.0), "reverted_to_default", None),
+    (DesiredTray(power_cap_w=5000.0), _agent(7133.0, 7133.0), "reverted_to_default", 7133.0),
+    (DesiredTray(power_cap_w=5000.0), _agent(5000.0, 7130.0), "reverted_to_default", 7130.0),
+    # a device limit the commanded value lies beyond, or ours set and another in force
+    (DesiredTray(power_cap_w=1000.0), _agent(1190.0, 1190.0), "clamped_to_device_limit",
+     1190.0),
+    (DesiredTray(power_cap_w=5000.0), _agent(5000.0, 5600.0), "clamped_to_device_limit",
+     5600.0),
+    # the per-GPU cap (thermal protection) the same way
+    (DesiredTray(gpu_power_cap_w=600.0), _agent(None, 7133.0, None, 1200.0),
+     "reverted_to_default", None),
+    (DesiredTray(gpu_power_cap_w=150.0), _agent(None, 7133.0, 200.0, 200.0),
+     "clamped_to_device_limit", 200.0),
+    (DesiredTray(gpu_power_cap_w=600.0), _agent(None, 7133.0, 800.0, 800.0), "other_writer",
+     800.0),
+])
+def test_a_cap_drift_is_classified_from_what_the_agent_reports(
+        want: DesiredTray, agent: Any, cause: str, held: float | None) -> None:
+    cd = classify_cap_drift(want, agent, LIM, 25.0)
+    assert cd is not None and cd.cause == cause and cd.enforced_w == held
+    text = cd.describe()
+    assert cause in text and f"desired {cd.commanded_w:.0f} W (racky's command)" in text
+    assert DRIFT_CAUSES[cause] in text
+
+
+def test_caps_held_or_a_lower_cap_in_force_are_no_drift() -> None:
+    assert classify_cap_drift(DesiredTray(power_cap_w=5000.0), _agent(5010.0, 5010.0), LIM,
+                              25.0) is None
+    assert classify_cap_drift(DesiredTray(power_cap_w=5000.0), _agent(5000.0, 4000.0), LIM,
+                              25.0) is None  # a GPU cap of racky's binds below it
+    assert classify_cap_drift(DesiredTray(), _agent(6000.0, 6000.0), LIM, 25.0) is None
+
+
+def _run_other_writer(rec: Reconciler, period_s: float, until_s: float, stop_s: float,
+                      value: float = 6200.0) -> list[tuple[float, dict[int, str]]]:
+    """Tray 0: racky wants 5000 W; every ``period_s`` another writer sets ``value`` and the
+    agent takes racky's re-assert back at once (so no drift lasts drift_alarm_s)."""
+    want = [DesiredTray(power_cap_w=5000.0)]
+    held = 5000.0
+    out = []
+    t = 0.0
+    rec.note_sent([0], 0.0)
+    while t < until_s:
+        t += 1.0
+        if t % period_s == 0 and t <= stop_s:
+            held = value
+        resend, drift = rec.step(t, want, {0: _reading(held, t)}, np.ones(1, dtype=bool))
+        if resend:
+            rec.note_reasserted(resend, t)
+            held = 5000.0  # the agent applies the re-assert
+        out.append((t, drift))
+    return out
+
+
+def test_a_recurring_cap_drift_alarms_naming_tray_values_and_cause() -> None:
+    cfg = PowerSettings(reconcile_confirm_s=3.0, drift_alarm_s=15.0, drift_recur_count=3,
+                        drift_recur_window_s=600.0)
+    rec = Reconciler(cfg, 1, LIM)
+    steps = _run_other_writer(rec, period_s=60.0, until_s=1500.0, stop_s=840.0)
+    raised = [(t, d[0]) for t, d in steps if 0 in d]
+    assert raised, "a cap another writer keeps changing must alarm"
+    t0, text = raised[0]
+    assert 180.0 <= t0 <= 190.0  # the third episode (60, 120, 180 s + the confirm time)
+    assert "other_writer" in text and "desired 5000 W" in text and "6200 W" in text
+    assert "re-asserted 3 times within 600 s" in text
+    assert rec.drift_episodes >= 3
+    # held while the writer goes on; it stops (last change at 840 s): the alarm clears once
+    # the window holds fewer than 3 (after 720 + 3 + 600 s)
+    assert all(0 in d for t, d in steps if 190.0 <= t <= 1300.0)
+    cleared = [t for t, d in steps if t > 190.0 and 0 not in d]
+    assert cleared and 1320.0 <= cleared[0] <= 1330.0
+    assert all(0 not in d for t, d in steps if t >= cleared[0])
+
+
+def test_a_rare_cap_drift_does_not_alarm_and_the_count_is_configurable() -> None:
+    cfg = PowerSettings(reconcile_confirm_s=3.0, drift_alarm_s=15.0, drift_recur_count=3,
+                        drift_recur_window_s=600.0)
+    steps = _run_other_writer(Reconciler(cfg, 1, LIM), period_s=400.0, until_s=1300.0,
+                              stop_s=1300.0)
+    assert not any(0 in d for _t, d in steps)  # never 3 within 600 s
+    cfg2 = cfg.model_copy(update={"drift_recur_count": 2})
+    steps = _run_other_writer(Reconciler(cfg2, 1, LIM), period_s=400.0, until_s=1300.0,
+                              stop_s=1300.0)
+    assert any(0 in d for _t, d in steps)

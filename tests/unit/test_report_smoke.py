@@ -101,3 +101,34 @@ def test_only_skips_a_source_that_cannot_yield_the_requested_scenarios(
         ran.clear()
         report.collect(tmp_path, lambda lbl, f: None, True, only, sources)
         assert ran == want, only
+
+
+def test_results_name_the_host_and_the_run_time(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The first line of results.md names the host it ran on (name, CPU model, cores) and the
+    wall and CPU time of this run; machine.json carries them, measured, not typed in."""
+    import os
+    import time
+
+    from harness.machine import machine_info
+
+    def slow(out: Path | None, progress: object, quick: bool) -> list[Figure]:
+        c_end = time.process_time() + 0.3
+        while time.process_time() < c_end:  # 0.3 CPU-s, hence at least 0.3 s wall
+            pass
+        return [Figure("valvey.S1.x", 1.0, "K", 2.0, "<=")]
+
+    _install(monkeypatch, "fake_slow", figs=slow)
+    monkeypatch.setattr(report, "SOURCES", (("valvey", "fake_slow", "figs"),))
+    t0 = time.monotonic()
+    assert report.main(tmp_path, True, None) == 0
+    elapsed = time.monotonic() - t0
+    m = machine_info()
+    first = (tmp_path / "results.md").read_text().splitlines()[2]
+    assert f"host {m['host']}: {m['cpu']}, {m['cores']} cores" in first
+    assert "s wall" in first and "CPU-s" in first and "quick mode" in first
+    info = json.loads((tmp_path / "machine.json").read_text())
+    assert info["host"] == m["host"] and info["complete"] is True
+    assert 0.3 <= info["wall_s"] <= elapsed + 0.1
+    assert 0.3 <= info["cpu_s"] <= elapsed * (os.cpu_count() or 1) + 0.1

@@ -151,3 +151,46 @@ async def test_unwritable_spool_raises_the_telemetry_alarm(tmp_path: Path) -> No
     assert "disk full" in TELEMETRY_ALARMS[0].message
     await w.close(budget_s=0)
     await ok.close(budget_s=0)
+
+
+async def test_unusable_mqtt_inputs_are_counted_in_the_self_metrics(tmp_path: Path) -> None:
+    """Acceptance round 2 of issue 14 (item 9's kind): invalid samples from MQTT (a NaN room
+    temperature, RH as a fraction, a leak list with a tray the rack lacks; a refused tray
+    message) were counted nowhere monotonic, only Modbus ones. Each is counted now."""
+    import json
+
+    from rackplane.core.registers import load_register_map
+    from rackplane.io.mqtt import Message
+    from racky.app import Racky
+    from racky.config import RackyConfig
+    from valvey.app import Valvey
+    from valvey.config import ValveyConfig
+
+    def msg(topic: str, body: object, t: float) -> Message:
+        return Message(topic, json.dumps(body).encode(), qos=0, retain=False, received_mono=t)
+
+    cfg = ValveyConfig.model_validate({"spool": {"directory": str(tmp_path / "sv")}})
+    v = Valvey(cfg, load_register_map(cfg.cdu.register_map), clock=FakeClock(start_mono=0.0))
+    env = "rackplane/lab/rack1/sim/telemetry/env"
+    v._on_sensor_message(msg(env, {"room_temp_c": 24.0, "relative_humidity_pct": 40.0}, 1.0))
+    v.run_tick(1.0)
+    assert v.selfmetrics.snapshot is not None
+    assert v.selfmetrics.snapshot.input_invalid_samples == 0
+    v._on_sensor_message(msg(env, {"room_temp_c": "NaN", "relative_humidity_pct": 0.6}, 2.0))
+    v.run_tick(3.0)
+    assert v.selfmetrics.snapshot.input_invalid_samples == 2
+    await v.writer.close(budget_s=0)
+
+    rcfg = RackyConfig.model_validate({
+        "lifecycle": {"state_file": str(tmp_path / "r.json")},
+        "spool": {"directory": str(tmp_path / "sr")}})
+    r = Racky(rcfg, clock=FakeClock(start_mono=1000.0))
+    r._on_agent_telemetry(msg(f"{r.agent_base}/telemetry/tray00", {"not": "a tray"}, 1000.0))
+    r._on_cooling(Message(r.cooling_topic, b"[1, 2]", qos=1, retain=False,
+                          received_mono=1000.5))
+    r._on_cooling(msg(r.cooling_topic, {"supply_temp_c": 318.0, "setpoint_c": 45.0}, 1000.6))
+    r.run_tick(1001.0)
+    assert r.selfmetrics.snapshot is not None
+    assert r.racky_tick.ingest.errors == 1
+    assert r.selfmetrics.snapshot.input_invalid_samples == 3  # + not an object, + kelvin
+    await r.writer.close(budget_s=0)

@@ -124,3 +124,22 @@ def test_pump_loop_fail_safe_when_the_dp_measurement_is_lost() -> None:
     assert t_fs - 60.0 <= (cfg.pump_loop.failsafe_after_periods + 2) * cfg.pump_loop.period_s
     assert "pump_loop_failsafe" in {a for _, a in res.alarms_raised()}
     assert tr.pump_speed_cmd_pct[-1] != fs  # back on the dP loop after the transmitter heals
+
+
+def test_max_pressure_limit_holds_when_the_loop_pressure_is_lost() -> None:
+    """The maximum-pressure override is winning; then the loop-pressure transmitter drops out
+    (NaN): the limit cannot be judged, so the speed may not rise (its safe side), instead of
+    the override silently letting go and the dP loop driving the speed (and pressure) up."""
+    cfg = ValveyConfig()
+    capped_cfg = cfg.model_copy(update={"pump_loop": cfg.pump_loop.model_copy(
+        update={"max_pressure_kpa": 300.0})})
+    faults = [FaultSpec.model_validate({"at_s": 120.0, "kind": "sensor",
+                                        "point": "loop_pressure_kpa", "mode": "dropout"})]
+    res = run_valvey(_steady(200.0, faults=faults), capped_cfg, model="cdu")
+    tr = res.trace
+    at = [v for t, v in zip(tr.t_s, tr.pump_speed_cmd_pct, strict=True)
+          if 118.0 <= t <= 120.0 and v is not None]
+    after = [v for t, v in zip(tr.t_s, tr.pump_speed_cmd_pct, strict=True)
+             if t > 121.0 and v is not None]
+    assert at and after
+    assert max(after) <= max(at) + 0.5

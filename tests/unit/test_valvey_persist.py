@@ -26,6 +26,7 @@ from valvey.core.supply_loop_settings import SupplyLoopSettings
 from valvey.persist import (
     STATE_FORMAT,
     CommandState,
+    LearnedState,
     apply_command_state,
     state_file_path,
 )
@@ -91,7 +92,8 @@ async def test_setpoint_and_manual_mode_set_by_command_survive_a_restart(
     assert again.core.loop.setpoint_c == 43.5
     assert again.core.loop.control_mode == "manual"
     assert again.core.loop.manual_target_pct == 40.0
-    assert again._saved_state == CommandState.of("lab/rack1", again.core.loop, cfg.supply_loop)
+    assert again._saved_state == CommandState.of("lab/row1/rack1", again.core.loop,
+                                                 cfg.supply_loop, LearnedState.of(again.core))
 
     # back to auto by command; saved at shutdown; the next start is in auto
     await command(again, "set_mode", {"mode": "auto"})
@@ -109,6 +111,14 @@ async def test_setpoint_and_manual_mode_set_by_command_survive_a_restart(
     json.dumps({"format": STATE_FORMAT, "version": 1, "saved_wall_ns": 1, "data": {
         "owner": "lab/rack2", "setpoint_c": 41.0, "file_setpoint_c": 45.0,
         "manual_output_pct": None, "shadow": False, "file_shadow": False}}),
+    # acceptance round 2 of issue 14: an integer no double holds (float() raised at start)
+    '{"format": "valvey-state", "version": 1, "saved_wall_ns": 1, "data": {"owner": '
+    '"lab/row1/rack1", "setpoint_c": 1' + "0" * 400 + ', "file_setpoint_c": 45.0, '
+    '"manual_output_pct": null, "shadow": false, "file_shadow": false}}',
+    # acceptance round 2 of issue 14: a rack of the same name in another row (one folder)
+    json.dumps({"format": STATE_FORMAT, "version": 1, "saved_wall_ns": 1, "data": {
+        "owner": "lab/row2/rack1", "setpoint_c": 41.0, "file_setpoint_c": 45.0,
+        "manual_output_pct": 80.0, "shadow": False, "file_shadow": False}}),
 ])
 def test_damaged_or_future_state_file_logs_and_uses_the_config(
     tmp_path: Path, content: str
@@ -180,3 +190,112 @@ def test_state_payloads_match_their_schemas(tmp_path: Path) -> None:
         contract.states[thing].model_validate({**payload, "ts_ns": 1})
     health = contract.states["health"].model_validate(app.health())
     assert health.model_dump()["spool"]["depth_lines"] == 0
+
+
+# --- what the controller learned of its plant (issue 21) ------------------------------------
+
+
+LEARNED_MAP = [0.0, 45.0, 55.0, 72.0, 84.0, 91.0, 100.0]
+
+
+async def test_learned_stroke_and_feedforward_map_survive_a_restart(tmp_path: Path) -> None:
+    cfg = make_cfg(tmp_path)
+    app = make_app(cfg)
+    assert app.core.valves.restore_learned({"a": 118.74}) == ["a"]
+    assert app.core.ff.restore_map(LEARNED_MAP)
+    assert app.core.valves.restore_learned_rest({"a": [0.31, 0.52]}) == ["a"]
+    app._persist_tick(app.clock.monotonic())
+    assert app._save_task is not None
+    await app._save_task
+    doc = json.loads((tmp_path / STATE_NAME).read_text())
+    assert doc["data"]["learned"]["valve_stroke_s"] == {"a": 118.7}
+    assert doc["data"]["learned"]["ff_map_pct"] == LEARNED_MAP
+    assert doc["data"]["learned"]["valve_rest_pct"] == {"a": [0.3, 0.5]}
+
+    again = make_app(cfg)
+    assert again.core.valves.stroke_time_s(0) == pytest.approx(118.7)
+    assert [y for _, y in again.core.ff.valve_map] == LEARNED_MAP
+    assert again.core.valves.learned_rest() == {"a": (0.3, 0.5)}
+    assert again.core.states(again.clock.monotonic(), {})["valves"]["units"][0][
+        "stroke_time_s"] == pytest.approx(118.7)
+
+    # reset by command: back to the cold-start prior and the rated stroke; the next save
+    # says so
+    await command(again, "reset_learned", {})
+    assert again.core.valves.stroke_time_s(0) == cfg.valves.stroke_time_s
+    assert not again.core.ff.map_learned
+    assert again.core.valves.learned_rest() == {}
+    again._save_state_now()
+    assert json.loads((tmp_path / STATE_NAME).read_text())["data"]["learned"][
+        "ff_map_pct"] is None
+    assert make_app(cfg).core.ff.map_learned is False
+
+
+def test_learned_values_outside_bounds_or_against_another_prior_are_dropped() -> None:
+    from valvey.core.controller import ValveyCore
+    from valvey.persist import apply_learned
+
+    core = ValveyCore.from_config(ValveyConfig(), 0.0)
+    prior = [float(p[1]) for p in core.ff.settings.valve_map]
+    powers = tuple(float(p[0]) for p in core.ff.settings.valve_map)
+    bad = LearnedState((("a", 1e6), ("z", 60.0)), powers, tuple(prior),
+                       (0.0, 90.0, 20.0, 77.0, 87.0, 91.0, 100.0))  # too far, falling
+    restored, superseded = apply_learned(core, bad)
+    assert restored == []
+    assert len(superseded) == 3 and not core.ff.map_learned
+    other_prior = LearnedState((), powers, (0.0, 40.0, 60.0, 75.0, 85.0, 90.0, 100.0),
+                               tuple(LEARNED_MAP))
+    restored, superseded = apply_learned(core, other_prior)
+    assert restored == [] and "changed since" in superseded[0]
+
+
+@pytest.mark.parametrize("learned", [
+    "x", {"valve_stroke_s": {"a": "slow"}}, {"valve_stroke_s": [], "ff_map_pct": None},
+    {"ff_map_pct": [1.0, True]}, {"ff_map_powers_kw": list(range(100))},
+    {"valve_rest_pct": {"a": [1.0]}}, {"valve_rest_pct": []},
+])
+def test_a_malformed_learned_object_is_a_clear_error(learned: Any) -> None:
+    data = {"owner": "lab/rack1", "setpoint_c": 45.0, "file_setpoint_c": 45.0,
+            "manual_output_pct": None, "shadow": False, "file_shadow": False,
+            "learned": learned}
+    with pytest.raises(ValueError, match="learned"):
+        CommandState.from_data(data)
+
+
+def test_a_file_saved_before_learning_existed_restores_nothing_learned() -> None:
+    data = {"owner": "lab/rack1", "setpoint_c": 45.0, "file_setpoint_c": 45.0,
+            "manual_output_pct": None, "shadow": False, "file_shadow": False}
+    assert CommandState.from_data(data).learned is None
+
+
+def test_a_state_file_of_an_older_version_without_the_row_is_still_applied(
+        tmp_path: Path) -> None:
+    """Files saved before the owner named the row ("site/rack") are this rack's when site
+    and rack match (the next save names the row)."""
+    (tmp_path / STATE_NAME).write_text(json.dumps({
+        "format": STATE_FORMAT, "version": 1, "saved_wall_ns": 1, "data": {
+            "owner": "lab/rack1", "setpoint_c": 43.0, "file_setpoint_c": 45.0,
+            "manual_output_pct": None, "shadow": False, "file_shadow": False}}))
+    app = make_app(make_cfg(tmp_path))
+    assert app.core.loop.setpoint_c == 43.0
+
+
+async def test_a_rack_of_the_same_name_in_another_row_never_takes_this_state(
+        tmp_path: Path) -> None:
+    """Acceptance round 2 of issue 14 (item 17's kind): valvey for row2/rack1 and row1/rack1
+    on defaults in one folder share valvey-state-rack1.json, and the owner named only
+    site/rack: one CDU started with the other's manual output. The owner names the row."""
+    def cfg_row(row: str) -> ValveyConfig:
+        data = make_cfg(tmp_path).model_dump(mode="json")
+        data["identity"]["row"] = row
+        return ValveyConfig.model_validate(data)
+
+    other = make_app(cfg_row("row2"))
+    await command(other, "acquire_lease", {"output": "facility_valve", "ttl_s": 60})
+    await command(other, "set_mode", {"mode": "manual", "output_pct": 80.0})
+    other._save_state_now()
+    assert json.loads((tmp_path / STATE_NAME).read_text())["data"]["manual_output_pct"] == 80.0
+    with structlog.testing.capture_logs() as logs:
+        mine = make_app(cfg_row("row1"))
+    assert mine.core.loop.control_mode != "manual" and mine.core.loop.manual_target_pct is None
+    assert [e for e in logs if e["event"] == "state_file_unusable"]

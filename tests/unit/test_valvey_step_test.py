@@ -63,3 +63,19 @@ def test_step_test_on_the_plant_identifies_reference_figures_and_is_accepted() -
                                              res.trace.setpoint_c, strict=True) if t > 800]
     assert max(tail) < 0.5
     assert res.trace.mode[-1] == "auto"
+
+
+def test_a_start_without_enough_pv_history_says_what_it_needs() -> None:
+    # the history is recorded in any mode (start_commissioning starts from auto): the refusal
+    # used to say "in manual", which sent an operator of auto-commissioning the wrong way
+    from valvey.core.step_test import StepTest, StepTestSettings
+
+    st = StepTest(StepTestSettings(baseline_s=30.0), valve_rate_pct_per_s=1.0)
+    for i in range(11):                       # 10 s of valid PV, 1 Hz: a third of the baseline
+        st.record(float(i), 45.0)
+    with pytest.raises(ValueError) as err:
+        st.start(10.0, 50.0, 5.0)
+    assert str(err.value) == "need 30 s of valid PV before the step (step_test.baseline_s)"
+    for i in range(11, 41):                   # now 40 s: the same start goes ahead
+        st.record(float(i), 45.0)
+    assert st.start(40.0, 50.0, 5.0) == 55.0

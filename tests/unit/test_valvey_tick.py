@@ -204,3 +204,44 @@ def test_messages_reach_the_harness_through_the_tick(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(ValveyTick, "on_sensor_message", drop)
     res = run_valvey(load_scenario("load-step"), seed=1, duration_s=40.0)
     assert "room_sensors_stale" in {a for _, a in res.alarms_raised()}
+
+
+@pytest.mark.parametrize("ts_ns", [
+    7_258_118_400 * 10**9,  # year 2200: a publisher's clock far off
+    WALL * 1000,  # a timestamp in the wrong unit, beyond 2^63
+    WALL + 3600 * 10**9,  # an hour ahead
+])
+def test_retained_message_stamped_in_the_future_is_stale_not_fresh(ts_ns: int) -> None:
+    """Acceptance round 2 of issue 14 (item 8's kind, timestamps far off): a retained room
+    reading whose ts_ns lies in the future gave age 0 and was taken as fresh (a dead
+    publisher's last value believed). Its age is unknown: stale at once, as without ts_ns."""
+    t = _tick()
+    t.on_sensor_message(ENV, {"room_temp_c": 24.0, "relative_humidity_pct": 40.0,
+                              "ts_ns": ts_ns}, retain=True, received_mono=100.0, wall_ns=WALL)
+    stale_s = max(x.stale_after_s for x in ValveyConfig().sensors.topics()
+                  if x.topic.endswith("/env"))
+    assert 100.0 - t.latest["room_temp_c"].t_mono > stale_s
+
+
+def test_retained_message_a_little_ahead_is_aged_as_new() -> None:
+    """A clock skew of a few seconds is no error: the value counts as new, not stale."""
+    t = _tick()
+    t.on_sensor_message(ENV, {"room_temp_c": 24.0, "relative_humidity_pct": 40.0,
+                              "ts_ns": WALL + 2 * 10**9}, retain=True, received_mono=100.0,
+                        wall_ns=WALL)
+    assert t.latest["room_temp_c"].t_mono == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize("topic", [ENV, RACK_POWER])
+def test_an_integer_beyond_a_double_in_a_sensor_message_is_bad_not_a_crash(topic: str) -> None:
+    """Acceptance round 2 of issue 14: a 400-digit integer (valid JSON) made float() raise
+    OverflowError out of the sensor path: the message was lost without a BAD sample."""
+    t = _tick()
+    big = b"1" + b"0" * 400
+    body = (b'{"room_temp_c": ' + big + b', "relative_humidity_pct": 40}' if topic == ENV
+            else b'{"rack_power_w": ' + big + b"}")
+    for retain in (False, True):
+        assert t.on_sensor_message(topic, body, retain=retain, received_mono=5.0, wall_ns=WALL)
+        name = "room_temp_c" if topic == ENV else "rack_power_w"
+        s = t.latest[name]
+        assert s.quality is Quality.BAD and not s.usable

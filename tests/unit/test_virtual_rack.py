@@ -1123,7 +1123,7 @@ def test_v1_command_epochs_release_and_refusals() -> None:
 
     refused(_cmd(gpu_power_cap_w=650.0, ttl_s=60.0, epoch=199), "stale_epoch")
     refused({**_cmd(release=["gpu_power_cap_w"], epoch=199), "trays": [1, 2]}, "stale_epoch")
-    refused(_cmd(gpu_power_cap_w=None, epoch=200), "invalid_args")  # null is never a value
+    refused(_cmd(gpu_power_cap_w=None, epoch=200), "wrong_type")  # null is never a value
     refused(_cmd(gpu_power_cap_w=650.0, epoch=200), "invalid_args")  # a cap needs a TTL
     refused(_cmd(gpu_power_cap_w=650.0, ttl_s=60.0, release=["gpu_power_cap_w"], epoch=200),
             "invalid_args")

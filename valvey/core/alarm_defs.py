@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from rackplane.core.alarms import AlarmDef
+from rackplane.core.names import ALARM_SUBJECT_SEPARATOR, alarm_id
 from valvey.config import ValveyConfig
 from valvey.core.supply_loop_settings import default_alarm_defs
 
@@ -12,21 +14,30 @@ __all__ = ["alarm_defs"]
 
 
 def alarm_defs(cfg: ValveyConfig, pump_names: list[str], valve_names: list[str],
-               sensor_points: list[str]) -> list[AlarmDef]:
-    """Every alarm valvey raises (docs/RUNBOOK.md has one entry per id)."""
+               sensor_points: list[str], implausible: Mapping[str, str] | None = None
+               ) -> list[AlarmDef]:
+    """Every alarm valvey raises (docs/RUNBOOK.md has one entry per id); ``implausible``:
+    alarm id -> input name of the per-input plausibility alarms
+    (`valvey.core.inputs.InputGate.alarm_ids`)."""
     def d(aid: str, severity: str, message: str, **kw: Any) -> AlarmDef:
         return AlarmDef(id=aid, severity=severity, message=message,
-                        runbook=f"valvey.{aid.split('.')[0]}", **kw)
+                        runbook=f"valvey.{aid.split(ALARM_SUBJECT_SEPARATOR)[0]}", **kw)
 
     out = list(default_alarm_defs())
     for p in sensor_points:
-        out.append(d(f"supply_sensor_fault.{p}", "major",
+        out.append(d(alarm_id("supply_sensor_fault", p), "major",
                      f"Supply sensor {p} dropped from the vote (bad, frozen, disagreeing or "
                      "drifting)", latch=True))
+    for aid, name in (implausible or {}).items():
+        out.append(AlarmDef(
+            id=aid, severity="major", runbook="valvey.input_implausible",
+            message=f"Input {name} is outside its plausibility window (unit or scale error, "
+            "failing sensor): not believed, its functions fall back to their safe side"))
     out += [
         d("feedforward_source_lost", "minor",
-          "Feedforward's primary source (feedforward.source) is stale: feedforward on the "
-          "CDU's heat figure or off",
+          "Feedforward's primary source (feedforward.source) is stale (a row CDU: any rack "
+          "of feedforward.racks, named in state feedforward.missing_racks): feedforward on "
+          "the CDU's heat figure or off",
           on_delay_s=10.0),
         d("dew_point_floor_active", "warning",
           "Supply setpoint raised to dew point + margin (condensation risk)"),
@@ -53,6 +64,12 @@ def alarm_defs(cfg: ValveyConfig, pump_names: list[str], valve_names: list[str],
         out.append(d(f"valve_{n}_fault", "critical",
                      f"Facility valve {n.upper()} does not follow its command (stuck)",
                      latch=True))
+    for n in valve_names:  # one runbook entry for every valve
+        out.append(AlarmDef(
+            id=alarm_id("valve_actuator_slow", n), severity="warning",
+            message=f"Facility valve {n.upper()} moves, but slower than its rated stroke "
+            "(valves.stroke_time_s × slow_ratio): the learned stroke is used",
+            runbook="valvey.valve_actuator_slow"))
     out += [
         d("valve_failover", "major", "Control moved to the second facility valve"),
         d("valve_no_spare", "critical",

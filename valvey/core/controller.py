@@ -3,7 +3,7 @@
 `ValveyCore.step(now_mono, samples)` takes the latest sample of every CDU point and every
 MQTT sensor (room air, leak sensors, racky's rack power) and returns what to write to the CDU,
 what to ask racky (`valvey.core.requests`), the loop's decision, events and alarm changes. The
-daemon (valvey/app.py) and the lock-step runner (harness/lockstep_valvey.py) drive the same core, so
+daemon (valvey/app.py) and the lock-step runner (harness/lockstep_valvey/) drive the same core, so
 every control figure measured in lock-step is the daemon's behaviour.
 
 Order inside one tick (docs/VALVEY.md has the picture):
@@ -32,16 +32,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rackplane.core.alarms import AlarmDef, AlarmEngine
+from rackplane.core.names import alarm_id
 from rackplane.core.samples import Sample, fresh_value, slots_constructor
 from rackplane.errors import CommandError
 from valvey.config import CduPoints, ControlSettings, ValveyConfig
 from valvey.core.alarm_defs import alarm_defs
 from valvey.core.capacity import CapacityGuard, CapacityStep
+from valvey.core.commissioning import Commissioning
 from valvey.core.feedforward import DynamicFeedforward
-from valvey.core.output import (
-    CoreOutput,
-    dew_point_c,
-)
+from valvey.core.inputs import input_gate
+from valvey.core.output import CoreOutput, floor_dew_point_c
 from valvey.core.pumps import PumpManager, PumpStep
 from valvey.core.requests import RackyReply, RequestTracker
 from valvey.core.safety import Safety, SafetyStep
@@ -99,24 +99,28 @@ class ValveyCore:
         self.control = control
         self.loop = SupplyLoop(loop)
         self.voter = SupplyVoter(cfg.supply_sensors, points.supply_temp)
-        self.ff = DynamicFeedforward(cfg.feedforward)
+        rp = cfg.sensors.rack_power  # a row CDU's racks: <its name>.<rack>
+        self.ff = DynamicFeedforward(cfg.feedforward, None if rp is None else rp.name)
         self.pumps = PumpManager(cfg.pumps, cfg.pump_loop, flow_point=points.flow,
                                  dp_point=points.diff_pressure,
                                  pressure_point=points.loop_pressure)
         self.valves = ValveManager(cfg.valves, ValveUnit(name="a", command=points.valve_command,
                                                          position=points.valve_position))
-        stale_of = {t.name: t.stale_after_s for t in cfg.sensors.topics()}
-        for t in cfg.sensors.topics():
+        stale_of = {t.name: t.stale_after_s for t in cfg.sensor_topics()}
+        for t in cfg.sensor_topics():
             if t.kind == "index_list":
                 stale_of.update({f"{t.name}.{i:02d}": t.stale_after_s for i in range(t.count)})
         self._stale_of = stale_of
+        self.inputs = input_gate(cfg)  # plausibility and failed polls, where samples enter
         self.safety = Safety(cfg.safety, stale_of)
         self.capacity = CapacityGuard(cfg.capacity)
         self.requests = RequestTracker(request_prefix, cfg.racky.retry_s)
         self.step_test = StepTest(cfg.step_test, loop.output_rate_limit_pct_per_s)
+        self.commissioning = Commissioning(cfg.commissioning)  # auto-commissioning, issue 21
         self.alarms = AlarmEngine(
             [*alarm_defs(cfg, self.pumps.unit_names, [u.name for u in self.valves.units],
-                         self.voter.points), *extra_alarms], start_mono)
+                         self.voter.points, self.inputs.alarm_ids()), *extra_alarms],
+            start_mono)
         self._heartbeat = 0
         self._last_heartbeat_mono: float | None = None
         self.last: CoreOutput | None = None
@@ -134,6 +138,7 @@ class ValveyCore:
         self._cap: CapacityStep | None = None
         self._cap_sent: float | None = None
         self._dew_point: float | None = None
+        self._room_temp_valid: float | None = None  # the last valid room temperature, °C
         self._room_stale = False
         self._vote: VoterResult | None = None
         self._pump: PumpStep | None = None
@@ -150,7 +155,8 @@ class ValveyCore:
         self._n_tick = 0
         self._queued: list[tuple[str, float]] = []
         self._samples: Mapping[str, Sample] = {}
-        self._sensor_fault_ids = {p: f"supply_sensor_fault.{p}" for p in self.voter.points}
+        self._sensor_fault_ids = {p: alarm_id("supply_sensor_fault", p)
+                                  for p in self.voter.points}
         # the quiet version of the last slow safety decision, (decision, quiet): the same
         # immutable SafetyStep serves the 4 fast ticks in between
         self._quiet: tuple[SafetyStep, SafetyStep] | None = None
@@ -165,11 +171,13 @@ class ValveyCore:
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _fresh(self, samples: Mapping[str, Sample], name: str | None, now: float,
-               stale_s: float = 3.0) -> float | None:
+    def _fresh(self, samples: Mapping[str, Sample], name: str | None, now: float
+               ) -> float | None:
+        """``name``'s value while fresh (an MQTT sensor's own limit, else a CDU point's)."""
         if name is None:
             return None
-        return fresh_value(samples.get(name), now, self._stale_of.get(name, stale_s))
+        limit = self._stale_of.get(name, self.cfg.safety.stale_after_s)
+        return fresh_value(samples.get(name), now, limit)
 
     def readback_pct(self, samples: Mapping[str, Sample]) -> float | None:
         """The active valve's read-back: its command register, else its position feedback."""
@@ -240,6 +248,13 @@ class ValveyCore:
         """Writes an operator command produced; they go out with the next tick's."""
         self._queued += writes
 
+    def reset_learned(self) -> None:
+        """Forget what was learned of the plant (valve strokes, the feedforward map, accepted
+        commissioning gains): back to the configured cold-start values, bumplessly."""
+        self.valves.reset_learned()
+        self.ff.reset_map()
+        self.commissioning.reset(self)
+
     def reset_leak(self, now: float, *, reopen: bool) -> None:
         """Operator: clear the latched leak response (and reopen the isolation valves).
 
@@ -292,7 +307,7 @@ class ValveyCore:
             assert pv is not None
             self._last_good_pv_mono = pv.t_mono
         flow = None if pts.flow is None else fresh_value(
-            flow_s, now, self._stale_of.get(pts.flow, 3.0))  # self._fresh(.., pts.flow, ..)
+            flow_s, now, self._stale_of.get(pts.flow, cfg.safety.stale_after_s))  # _fresh
         # 2. pumps
         isolated = self._safety.isolated if self._safety is not None else False
         ps = self.pumps.step(now, samples, isolated=isolated)
@@ -321,7 +336,7 @@ class ValveyCore:
         period = self.loop.settings.period_s
         if self._t_ff is None or now - self._t_ff >= period - 0.05:
             self._t_ff = now
-            self._ff_pct = self.ff.update(now, samples.get(cfg.safety.rack_power),
+            self._ff_pct = self.ff.update(now, self.ff.rack_input(samples, cfg.safety.rack_power),
                                           samples.get(pts.heat_removed or ""))
             self._selector(now, samples)
         loop = self.loop
@@ -332,11 +347,16 @@ class ValveyCore:
             trans += ls.transitions
         if ls.pid_updated or (ls.mode in ("manual", "failsafe") and ls.write):
             self.step_test.record(now, ls.pv_c)
+        if self._t_ff == now:  # the FF's valve map learns from steady states (auto only)
+            self.ff.observe(now, ls.command_pct, ls.deviation_c, ls.mode == "auto" and not (
+                loop.held or ss.valve_override_pct is not None or self.step_test.running))
         if self.step_test.running and self._t_ff == now:
             back = self.step_test.update(now)
             if back is not None:
                 self.loop.set_manual(back)
                 trans.append(f"step_test:{self.step_test.phase}")
+        if self._t_ff == now:
+            self.commissioning.update(self, now, samples, ls.pv_c, ls.setpoint_c)
         writes: list[tuple[str, float]] = self._queued
         self._queued = []
         valve_point = self.valves.active_unit.command
@@ -376,6 +396,8 @@ class ValveyCore:
         if self._t_ff == now:
             self._hunting()
         # 5. valves
+        if self.commissioning.running:
+            self.commissioning.track(self, now, samples)
         vs = self.valves.step(now, samples, self.loop.command_pct)
         if vs.transitions:
             trans += vs.transitions
@@ -390,7 +412,9 @@ class ValveyCore:
             events.append({"kind": "pump_trip", "t_mono": now, "pump": ps.trip[0],
                            "reason": ps.trip[1]})
         self.valve_constraint = self._valve_constraint(ls)
-        # 6. capacity and 7. requests
+        # 6. capacity (every poll's CDU readings, averaged) and 7. requests
+        self.capacity.observe(*(self._fresh(samples, p, now) for p in (
+            pts.facility_supply_temp, pts.flow, pts.heat_removed, pts.return_temp)))
         if self._t_cap is None or now - self._t_cap >= 1.0 - 0.05:
             self._t_cap = now
             self._capacity(now, samples, pv_c, sp_eff, ss)
@@ -438,16 +462,15 @@ class ValveyCore:
         if not sel.dew_point_floor:
             self.loop.set_floor(None)
             return
+        # valid: fresh and plausible (valvey.core.inputs); else the safe side, never no floor
         t = self._fresh(samples, sel.room_temp, now)
         rh = self._fresh(samples, sel.room_rh, now)
         self._room_stale = t is None or rh is None
-        if t is not None and rh is not None:
-            try:
-                self._dew_point = dew_point_c(t, max(0.1, min(100.0, rh)))
-            except ValueError:
-                self._room_stale = True
-        elif sel.fallback_dew_point_c is not None:
-            self._dew_point = sel.fallback_dew_point_c
+        if t is not None:
+            self._room_temp_valid = t
+        dp = floor_dew_point_c(t, rh, self._room_temp_valid, sel.fallback_dew_point_c)
+        if dp is not None:
+            self._dew_point = dp
         if self._dew_point is not None:
             self.loop.set_floor(self._dew_point + sel.dew_point_margin_k, "dew_point_floor")
 
@@ -504,10 +527,12 @@ class ValveyCore:
             rq.drop("release_cap")
             reason = ", ".join(cap.reasons) or "cooling recovering"
             sent = self._cap_sent
-            # a new cap when it moved by > 2 kW (or 3 %): not on every estimate wobble; lower
-            # ones always go out at once
+            # a new cap when it moved by > 1 kW (or 1 %): not on every estimate wobble; lower
+            # ones (> 500 W) at once. Raises as near as that: a sent cap that follows every dip
+            # down but comes back up only after a 3 % rise is the running minimum of the
+            # estimate (S9: 1.5 % under the guard's cap, lock-step)
             if sent is None or cap.cap_w < sent - 500.0 or (
-                    abs(cap.cap_w - sent) > max(2000.0, 0.03 * sent)):
+                    cap.cap_w - sent > max(1000.0, 0.01 * sent)):
                 self._cap_sent = cap.cap_w
                 rq.want("cap_rack", "cap_rack", {"power_w": cap.cap_w,
                                                  "reason": f"cooling limited: {reason}",
@@ -536,6 +561,7 @@ class ValveyCore:
         n = len(self._hunt)
         cond["valve_hunting"] = n >= 600 and self._hunt_sum / n > 0.2
         cond.update(ss.conditions)
+        cond.update(self.inputs.conditions(samples))
         cap = self._cap
         cond["rack_power_capped"] = cap is not None and cap.cap_w is not None
         rq = self.requests
@@ -572,6 +598,8 @@ class ValveyCore:
             self._mismatch_since = now
             return None
         if (now - self._mismatch_since >= c.readback_confirm_s - 1e-9
+                and readback.t_mono > self._mismatch_since  # a new read (not one held
+                # through failed polls) confirms it
                 and now - self._last_reassert >= c.readback_confirm_s - 1e-9):
             self._last_reassert = now
             self.reasserts += 1
@@ -622,8 +650,10 @@ class ValveyCore:
         return out
 
     def reload(self, loop: SupplyLoopSettings) -> None:
-        """Apply new loop settings without bumping the output."""
+        """Apply new loop settings without bumping the output (accepted commissioning
+        gains stay unless the file's gains changed)."""
         self.loop.reload(loop)
+        self.commissioning.on_reload(self)
 
     def interlocks(self) -> dict[str, str]:
         """The outputs an active safety interlock holds now -> its alarm id, for
@@ -658,6 +688,9 @@ class ValveyCore:
             "effective_setpoint_c": r(ls.setpoint_c, 3),
             "constraint": self.valve_constraint,
             "supply_temp_c": r(ls.pv_c, 3),
+            # the exchanger as measured (valve open), rack W per K of approach: racky's derate
+            "capacity_w_per_k": None if self._cap is None or self._cap.open_w_per_k is None
+            else round(self._cap.open_w_per_k, -1) + 0.0,
             "pv_status": ls.pv_status,
             "pv_age_s": r(age, 2),  # since the last usable reading
             "valve_command_pct": r(ls.command_pct, 2),
@@ -667,9 +700,13 @@ class ValveyCore:
             "d_term_pct": r(pid.d) if pid else None,
             "ff_term_pct": r(pid.ff) if pid else None,
             "feedforward": {"enabled": self.ff.settings.enabled, "source": self.ff.source,
+                            "missing_racks": list(self.ff.missing_racks),
                             "power_kw": r(self.ff.power_kw, 2),
                             "filtered_kw": r(self.ff.filtered_kw, 2),
-                            "ff_pct": r(self._ff_pct, 2)},
+                            "ff_pct": r(self._ff_pct, 2),
+                            "map_learned": self.ff.map_learned,
+                            "adaptations": self.ff.adaptations,
+                            "valve_map": [[x, r(y, 2)] for x, y in self.ff.valve_map]},
             "dew_point_c": r(self._dew_point, 2),
             "supply_sensors": {} if vr is None else dict(vr.status),
             "supply_estimate_c": None if vr is None else r(vr.estimate_c, 3),
@@ -677,6 +714,7 @@ class ValveyCore:
             "readback_mismatch": self.readback_mismatch,
             "output_reasserts": self.reasserts,
             "step_test": self.step_test.state(),
+            "commissioning": self.commissioning.state(),
             "alarms": self.alarms.active_ids(),
         }
 
@@ -689,6 +727,8 @@ class ValveyCore:
             "cap_reasons": [] if cap is None else list(cap.reasons),
             "capacity_estimate_w": None if cap is None or cap.capacity_w is None
             else round(cap.capacity_w, -2),
+            "liquid_fraction": round(self.capacity.liquid.value, 4),
+            "liquid_fraction_learned": self.capacity.liquid.learned,
             "requests": self.requests.state(),
             "actuators": self.actuators(),
         }

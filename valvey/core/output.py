@@ -13,7 +13,8 @@ from valvey.core.pumps import PumpStep
 from valvey.core.requests import RackyRequest
 from valvey.core.supply_loop_settings import LoopStep
 
-__all__ = ["PUMP_CONSTRAINT_CODES", "VALVE_CONSTRAINT_CODES", "CoreOutput", "dew_point_c"]
+__all__ = ["PUMP_CONSTRAINT_CODES", "VALVE_CONSTRAINT_CODES", "CoreOutput", "dew_point_c",
+           "floor_dew_point_c"]
 
 #: Numeric codes of the winning constraint (time series: string fields do not survive every
 #: store, DESIGN §3).
@@ -36,6 +37,31 @@ def dew_point_c(temp_c: float, rh_pct: float) -> float:
         raise ValueError(f"no dew point for {temp_c} °C / {rh_pct} %RH")
     g = math.log(rh_pct / 100.0) + 17.625 * temp_c / (243.04 + temp_c)
     return 243.04 * g / (17.625 - g)
+
+
+def floor_dew_point_c(temp_c: float | None, rh_pct: float | None,
+                      last_valid_temp_c: float | None, fallback_c: float | None
+                      ) -> float | None:
+    """The dew point the dew-point floor uses [°C], never "no constraint" once anything is
+    known (issue 14). ``temp_c`` / ``rh_pct``: the room readings when valid (fresh and inside
+    their plausibility windows), else None.
+
+    * both valid: the dew point of the room air (`dew_point_c`);
+    * otherwise ``fallback_c`` when configured (a conservative site value);
+    * otherwise the air is assumed saturated at the room temperature: the valid one now, else
+      ``last_valid_temp_c`` (dew point = that temperature, the highest it can be);
+    * None only while no room temperature was ever valid and no fallback is configured.
+    """
+    if temp_c is not None and rh_pct is not None:
+        try:
+            return dew_point_c(temp_c, min(100.0, rh_pct))
+        except ValueError:
+            pass  # outside the formula's range: judged as invalid below
+    if fallback_c is not None:
+        return fallback_c
+    if temp_c is not None and -45.0 <= temp_c <= 60.0:
+        return temp_c
+    return last_valid_temp_c
 
 
 @dataclass(frozen=True, slots=True)

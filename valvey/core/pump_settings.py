@@ -92,9 +92,27 @@ class PumpLoopSettings(StrictModel):
 
     mode: Literal["diff_pressure", "flow"] = "diff_pressure"
     dp_setpoint_kpa: float = Field(
-        150.0, ge=10, le=500, description="REFERENCE §1.4 window 0.5–3 bar; the design DP"
+        150.0, gt=0, description="REFERENCE §1.4 window 0.5–3 bar; the design DP; within "
+        "[dp_setpoint_min_kpa, dp_setpoint_max_kpa]"
     )
-    flow_setpoint_lpm: float = Field(198.0, gt=0, le=5000, description="1.5 L/min/kW × 132 kW")
+    dp_setpoint_min_kpa: float = Field(
+        50.0, gt=0, description="lowest DP setpoint a command may set, kPa (REFERENCE §1.4 "
+        "loop DP window 0.5–3 bar [S2])"
+    )
+    dp_setpoint_max_kpa: float = Field(
+        300.0, gt=0, description="highest DP setpoint a command may set, kPa (REFERENCE §1.4 "
+        "0.5–3 bar [S2]); must stay below max_pressure_kpa (the protective maximum)"
+    )
+    flow_setpoint_lpm: float = Field(198.0, gt=0, description="1.5 L/min/kW × 132 kW; within "
+                                     "[flow_setpoint_min_lpm, flow_setpoint_max_lpm]")
+    flow_setpoint_min_lpm: float = Field(
+        50.0, gt=0, description="lowest flow setpoint a command may set, L/min (Vertiv CDU 600 "
+        "flow setpoint range 50–500 L/min, REFERENCE §1.5 [S])"
+    )
+    flow_setpoint_max_lpm: float = Field(
+        500.0, gt=0, description="highest flow setpoint a command may set, L/min (Vertiv CDU "
+        "600: 50–500 L/min [S])"
+    )
     setpoint_ramp_per_min: float | None = Field(
         60.0, gt=0, description="kPa or L/min per minute (None: at once)"
     )
@@ -131,7 +149,31 @@ class PumpLoopSettings(StrictModel):
             raise ValueError("failsafe_speed_pct must lie within the speed limits")
         if self.stop_action == "failsafe" and fs is None:
             raise ValueError("stop_action 'failsafe' needs failsafe_speed_pct")
+        if not self.dp_setpoint_min_kpa < self.dp_setpoint_max_kpa:
+            raise ValueError(f"dp_setpoint_min_kpa = {self.dp_setpoint_min_kpa:g} must be below "
+                             f"dp_setpoint_max_kpa = {self.dp_setpoint_max_kpa:g}")
+        pmax = self.max_pressure_kpa
+        if pmax is not None and self.dp_setpoint_max_kpa >= pmax:
+            raise ValueError(f"dp_setpoint_max_kpa = {self.dp_setpoint_max_kpa:g} kPa must be "
+                             f"below max_pressure_kpa = {pmax:g} kPa (a DP setpoint above the "
+                             "protective maximum fights the pressure override)")
+        if not self.flow_setpoint_min_lpm < self.flow_setpoint_max_lpm:
+            raise ValueError(f"flow_setpoint_min_lpm = {self.flow_setpoint_min_lpm:g} must be "
+                             f"below flow_setpoint_max_lpm = {self.flow_setpoint_max_lpm:g}")
+        lo, hi, name, unit = self.setpoint_limits
+        if not lo <= self.setpoint <= hi:
+            raise ValueError(f"{name} = {self.setpoint:g} {unit} is outside [{lo:g}, {hi:g}] "
+                             f"{unit} (the {name[:-4]}_min/_max limits)")
         return self
+
+    @property
+    def setpoint_limits(self) -> tuple[float, float, str, str]:
+        """(low, high, setpoint key, unit) of the chosen mode: the limits a command's
+        setpoint must lie within."""
+        if self.mode == "diff_pressure":
+            return self.dp_setpoint_min_kpa, self.dp_setpoint_max_kpa, "dp_setpoint_kpa", "kPa"
+        return (self.flow_setpoint_min_lpm, self.flow_setpoint_max_lpm, "flow_setpoint_lpm",
+                "L/min")
 
     @property
     def setpoint(self) -> float:

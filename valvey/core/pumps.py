@@ -8,7 +8,9 @@ reverse acting (speed rises when the PV is below its setpoint), setpoint ramped.
 the **maximum-pressure override**, regulates the pump discharge pressure (static loop pressure
 + DP) to at most ``max_pressure_kpa``; the *lower* output wins (min-select) and both
 integrators track the selected output (external reset feedback: no windup in the loser,
-REFERENCE §2.2). The winner is reported: ``diff_pressure`` / ``flow``, ``max_pressure``,
+REFERENCE §2.2). While the loop pressure or the DP cannot be judged (stale, bad, outside its
+plausibility window) the override holds the speed where it is as a ceiling (its safe side: no
+faster, never "no limit"). The winner is reported: ``diff_pressure`` / ``flow``, ``max_pressure``,
 ``min_speed``, ``handoff`` (held during a changeover), ``isolated`` (rack isolated: the pumps
 idle at minimum speed), ``failsafe`` (PV invalid for ``failsafe_after_periods``: the speed goes
 to ``failsafe_speed_pct``), ``manual``.
@@ -215,13 +217,15 @@ class PumpManager:
         """New DP [kPa] or flow [L/min] setpoint (by mode), ramped.
 
         Raises:
-            ValueError: not finite or outside the mode's limits (10–500 kPa; 1–5000 L/min).
+            ValueError: not finite or outside the mode's configured limits
+                (`PumpLoopSettings.setpoint_limits`).
         """
         if not math.isfinite(value):
             raise ValueError("setpoint must be finite")
-        lo, hi = (10.0, 500.0) if self.s.mode == "diff_pressure" else (1.0, 5000.0)
+        lo, hi, name, unit = self.s.setpoint_limits
         if not lo <= value <= hi:
-            raise ValueError(f"setpoint {value} outside [{lo}, {hi}]")
+            raise ValueError(f"{name} = {value:g} {unit} is outside [{lo:g}, {hi:g}] {unit} "
+                             "(pump_loop limits)")
         self._sp_target = float(value)
         if self.s.setpoint_ramp_per_min is None:
             self._sp = self._sp_target
@@ -581,6 +585,12 @@ class PumpManager:
             if u_ovr < u_main - _EPS:
                 u, winner = u_ovr, "max_pressure"
                 self.override_active = True
+        elif (self._override is not None and self.pressure_point is not None
+              and u_main > self._cmd + _EPS):
+            # The pressure limit cannot be judged (loop pressure or DP stale, bad or outside
+            # its plausibility window): its safe side is "no faster than now", never "no
+            # limit" (issue 14). The speed may fall with the DP loop, not rise.
+            u, winner = self._cmd, "max_pressure"
         cmd = self._rate(self._cmd, u, dt)
         if cmd <= s.speed_min_pct + _EPS and winner not in ("max_pressure",):
             winner = "min_speed"

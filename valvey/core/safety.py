@@ -98,7 +98,11 @@ class SafetySettings(StrictModel):
     level_low_pct: float = Field(20.0, ge=0, le=100)
     filter_dp: str | None = Field("filter_diff_pressure_kpa")
     filter_dp_high_kpa: float = Field(60.0, gt=0, description="Vertiv: 0.6 bar (REF §1.5)")
-    stale_after_s: float = Field(3.0, gt=0)
+    stale_after_s: float = Field(
+        3.0, gt=0, description="a CDU point (register map) is good until this long after its "
+        "last good read (failed polls in between do not end it), for the safety functions, "
+        "the selector and the capacity guard; MQTT sensors have their own"
+    )
 
     @model_validator(mode="after")
     def _bands(self) -> SafetySettings:

@@ -11,9 +11,13 @@ field (the NVIDIA DSX Exchange BMS payload ``{value, timestamp_ms, quality}`` ha
 REFERENCE §5 S5; the simulator publishes every second, so 10 s by default). Kinds:
 
 * ``number``: a float (``null`` → BAD ``null``);
-* ``bool``: 1.0 / 0.0;
+* ``bool``: 1.0 / 0.0 (another number: OUT_OF_RANGE ``implausible``);
 * ``index_list``: a list of indices (``leak.leaking_trays``) → one bool sample per index
-  ``<name>.<NN>`` for NN in 0..count−1 (1.0 when listed).
+  ``<name>.<NN>`` for NN in 0..count−1 (1.0 when listed); an index outside 0..count−1 makes
+  every sample of the message OUT_OF_RANGE ``implausible`` (the trays' states are unknown).
+
+A number is judged against its plausibility window where it enters the core
+(`valvey.core.inputs`), not here.
 
 The embedded defaults are the simulator's topics (docs/SIMULATORS.md §4) and racky's
 ``state/rack_power`` (docs/CONTRACTS.md). A payload that cannot be parsed, a missing field or
@@ -50,10 +54,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from rackplane.config import StrictModel
 from rackplane.core.envelope import MAX_INPUT_BYTES, JsonError, read_json
+from rackplane.core.names import check_topic_levels
+from rackplane.core.plausibility import IMPLAUSIBLE
 from rackplane.core.samples import Quality, Sample, good, invalid, make_sample, slots_constructor
 
 __all__ = [
@@ -87,6 +93,14 @@ class SensorTopic(StrictModel):
         10.0, gt=0, le=3600, description="older than this is STALE (2 × the source's "
         "republish interval: 1 s for the simulator, 100 s for a DSX-style source)"
     )
+
+    @field_validator("topic")
+    @classmethod
+    def _topic_levels(cls, v: str) -> str:
+        # Each level a topic level (rackplane.core.names: no wildcards, '$', '.', spaces),
+        # or one of the placeholders {root} {site} {rack}.
+        return check_topic_levels(v, "sensor topic",
+                                  placeholders=frozenset({"root", "site", "rack"}))
 
 
 _SIM = "{root}/{site}/{rack}/sim/telemetry"
@@ -202,11 +216,20 @@ def parse_sensor_message(
                            for n in _names(s))
                 continue
             wet = set(value)
+            if any(i < 0 or i >= s.count for i in wet):
+                # a tray that does not exist (a 1-based list, a wrong count): the state of
+                # every tray in the message is unknown, not "dry" (alarm input_implausible)
+                out.extend(invalid(n, s.unit, ts_ns, now_mono, Quality.OUT_OF_RANGE,
+                                   IMPLAUSIBLE) for n in _names(s))
+                continue
             out.extend(good(f"{s.name}.{i:02d}", 1.0 if i in wet else 0.0, s.unit, ts_ns,
                             now_mono) for i in range(s.count))
         elif s.kind == "bool":
             if isinstance(value, bool) or (isinstance(value, int | float) and value in (0, 1)):
                 out.append(good(s.name, 1.0 if value else 0.0, s.unit, ts_ns, now_mono))
+            elif isinstance(value, int | float):  # a number that is no state (2, 0.5, NaN)
+                out.append(invalid(s.name, s.unit, ts_ns, now_mono, Quality.OUT_OF_RANGE,
+                                   IMPLAUSIBLE))
             else:
                 out.append(invalid(s.name, s.unit, ts_ns, now_mono, Quality.BAD, "type"))
         elif isinstance(value, int | float) and not isinstance(value, bool):
@@ -506,6 +529,8 @@ class SupplyVoter:
             return None
         if first.usable and not healthy:
             reason = self._st[self.points[0]].status
-            return invalid("supply_temp_voted_c", "degC", first.ts_ns, first.t_mono,
-                           Quality.BAD, reason)
+            # aged past its stale limit (its last good read held through failed polls):
+            # STALE, so the loop knows the hold is over (rackplane.core.polling.hold_good)
+            q = Quality.STALE if reason == "stale" else Quality.BAD
+            return invalid("supply_temp_voted_c", "degC", first.ts_ns, first.t_mono, q, reason)
         return first

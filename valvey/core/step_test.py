@@ -130,6 +130,26 @@ class StepTest:
         """A test is in progress."""
         return self.phase in ("stepping", "returning")
 
+    @property
+    def response(self) -> list[tuple[float, float]]:
+        """The recorded response ``[(t, PV °C), ...]`` of the last step."""
+        return list(self._resp)
+
+    @property
+    def step_t0(self) -> float:
+        """When the last step counts from (the middle of the commanded ramp), s."""
+        return self._t0
+
+    @property
+    def y0(self) -> float:
+        """The last step's baseline PV, °C."""
+        return self._y0
+
+    @property
+    def step_pct(self) -> float:
+        """The last step, %."""
+        return self._step
+
     def record(self, now: float, pv_c: float | None) -> None:
         """Every period: the PV history the baseline comes from (valid PVs only)."""
         if pv_c is not None and math.isfinite(pv_c):
@@ -151,7 +171,8 @@ class StepTest:
             raise ValueError("step_pct must be nonzero")
         base = [(t, y) for t, y in self._hist if t >= now - s.baseline_s]
         if not base or base[-1][0] - base[0][0] < 0.8 * s.baseline_s:
-            raise ValueError(f"need {s.baseline_s:.0f} s of valid PV in manual before the step")
+            raise ValueError(f"need {s.baseline_s:.0f} s of valid PV before the step "
+                             "(step_test.baseline_s)")
         slope = self._slope(base)
         if abs(slope) > s.steady_k_per_min:
             raise ValueError(f"PV not steady ({slope:+.3f} K/min): wait for a steady state")

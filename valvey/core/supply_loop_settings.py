@@ -126,11 +126,15 @@ class SupplyLoopSettings(StrictModel):
     def _check(self) -> SupplyLoopSettings:
         problems = []
         if not self.setpoint_min_c <= self.setpoint_c <= self.setpoint_max_c:
-            problems.append("setpoint_c must lie within [setpoint_min_c, setpoint_max_c]")
+            problems.append(
+                f"setpoint_c = {self.setpoint_c:g} °C is outside [setpoint_min_c, "
+                f"setpoint_max_c] = [{self.setpoint_min_c:g}, {self.setpoint_max_c:g}] °C")
         lo, hi = self.pv_valid_min_c, self.pv_valid_max_c
         if not lo < self.setpoint_min_c <= self.setpoint_max_c < hi:
             problems.append(
-                "need pv_valid_min_c < setpoint_min_c <= setpoint_max_c < pv_valid_max_c"
+                "need pv_valid_min_c < setpoint_min_c <= setpoint_max_c < pv_valid_max_c "
+                f"(they are {lo:g}, {self.setpoint_min_c:g}, {self.setpoint_max_c:g}, "
+                f"{hi:g} °C)"
             )
         ticks = self.period_s / TICK_S
         if abs(ticks - round(ticks)) > 1e-6:

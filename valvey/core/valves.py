@@ -1,22 +1,43 @@
-"""Facility valves: continuous plausibility (demand vs feedback, allowing travel time) and
-failover to a second valve. Pure; `ValveManager.step` runs on every 10 Hz tick.
+"""Facility valves: continuous plausibility (demand vs feedback, allowing travel time), slow
+vs stuck, the stroke time learned online, and failover to a second valve. Pure;
+`ValveManager.step` runs on every 10 Hz tick.
 
 REFERENCE §1.5 and §8: a CDU's own check (Vertiv) runs every 15 min and flags > 10 % mismatch;
 Coolcentric switches to a second valve above 10 % mismatch. Here the check is continuous: an
-*expected position* follows the valve's demand at the actuator's stroke rate (``stroke_time_s``:
-60 s in REFERENCE §4.3; Belimo 90 s / 60 mm, §1.5), so a valve still travelling is never
-blamed; a valve whose feedback stays more than ``mismatch_pct`` from the expected position for
-``confirm_s`` is declared failed (``stuck``: it does not follow; REFERENCE §5 S4 wants ≤ 15 s,
-not the vendor's 15 min). The demand compared is the CDU's read-back of the command register
+*expected position* follows the valve's demand at the actuator's stroke rate, so a valve still
+travelling is never blamed. The demand compared is the CDU's read-back of the command register
 when there is one (what the actuator is really given, also in the CDU's local control), else
 the last value written.
+
+**Slow is not stuck** (issue 21). A valve is declared failed (``stuck``) only when its
+feedback is more than ``mismatch_pct`` from the expected position for ``confirm_s`` *and* it
+has made no progress (``motion_pct``) towards its demand for ``stuck_no_motion_s``. A valve
+that keeps moving, however much slower than rated, is never failed over: a healthy 120 s
+actuator on a plant rated 60 s used to be declared stuck in a normal load step, the loop
+failed over to the equally slow spare, declared that failed too and capped the rack.
+
+**Stroke time learned from command vs feedback** (``learn_stroke``): while the demand is at
+least ``travel_gap_pct`` from the feedback the actuator runs at full speed; every
+``stroke_sample_pct`` of such travel gives one sample (travel time / distance × 100 %),
+averaged 1:1 into the estimate, bounded to [``stroke_min_s``, ``stroke_max_s``]; travel that
+makes no progress teaches nothing. The expected position uses the learned stroke (cold: the
+configured ``stroke_time_s``, the actuator's rating). ``valve_actuator_slow:<valve>`` is
+raised while the learned stroke exceeds ``stroke_time_s × slow_ratio``. The estimates are in
+`ValveManager.state` (``units[].stroke_time_s``, ``stroke_learned``), `learned` /
+`restore_learned` (persistence) and `reset_learned`. The positioner's static characteristic
+is learned too, at rest (command and feedback still): the mean feedback − command offset and
+the scatter about it (dead band, backlash) (``units[].rest_offset_pct`` / ``rest_band_pct``;
+`learned_rest` / `restore_learned_rest`); it is reported, not used by the check.
 
 Failover (``second_valve = true`` and the other valve healthy): the spare takes the loop's
 demand at once (REFERENCE §2.2: pre-set the standby actuator to the last good output), the
 failed one is commanded closed (if it frees itself it does not add uncontrolled cooling).
 The valves are in parallel on the facility water, so the loop simply keeps controlling; the
-integrator carries on. With no spare the failure stays (``no_spare``) and the safety logic asks
-racky for a cap at the power the stuck valve can remove (`valvey.core.capacity`, REFERENCE §5 S4).
+integrator carries on. The spare is judged by its own response in the same way (moving
+towards its demand: not failed). With no healthy valve left (``no_spare``) the loop drives the
+failed valve that is more open (more cooling, the safe direction for the supply temperature)
+and the safety logic asks racky for a cap at the power the stuck valve can remove
+(`valvey.core.capacity`, REFERENCE §5 S4).
 
 The valve failure is latched until `reset` (operator command ``select_valve`` with
 ``reset``): a valve that stuck once is not trusted again without a look.
@@ -29,9 +50,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rackplane.config import StrictModel
+from rackplane.core.names import alarm_id
 from rackplane.core.samples import Sample, fresh_value, slots_constructor
 
 __all__ = ["ValveManager", "ValveSettings", "ValveStep", "ValveUnit"]
@@ -55,13 +77,56 @@ class ValveSettings(StrictModel):
     )
     second_position: str | None = Field("valve_b_position_pct")
     second_valve: bool = Field(True, description="fail over to the second valve")
-    stroke_time_s: float = Field(60.0, gt=0, le=600, description="REFERENCE §1.7, §4.3")
+    stroke_time_s: float = Field(
+        60.0, gt=0, le=600, description="the actuator's rated full-stroke time, s (its data "
+        "sheet; REFERENCE §1.7, §4.3): the cold-start estimate until one is learned, and the "
+        "reference a slow actuator is measured against"
+    )
     mismatch_pct: float = Field(10.0, gt=0, le=50, description="REFERENCE §1.5/§8: 10 %")
     confirm_s: float = Field(
         1.0, ge=0, le=600, description="the mismatch must last this long (10 % is already "
         "twice the actuator's ±5 % accuracy, REFERENCE §1.5)"
     )
     stale_after_s: float = Field(3.0, gt=0, le=60)
+    motion_pct: float = Field(
+        0.5, gt=0, le=10, description="feedback progress towards the demand that counts as "
+        "moving, %"
+    )
+    stuck_no_motion_s: float = Field(
+        5.0, gt=0, le=120, description="a valve is stuck only when it has made no progress "
+        "(motion_pct) towards its demand for this long while out of step by mismatch_pct; a "
+        "valve still moving is slow, never stuck (an actuator slower than motion_pct per this "
+        "time counts as stuck: 1000 s stroke with the defaults)"
+    )
+    learn_stroke: bool = Field(
+        True, description="estimate each valve's stroke time online from command vs feedback "
+        "(travel with the demand more than travel_gap_pct away) and use it for the expected "
+        "position"
+    )
+    travel_gap_pct: float = Field(
+        3.0, gt=0, le=50, description="the valve counts as travelling at full speed while its "
+        "demand is at least this far from its feedback, %"
+    )
+    stroke_sample_pct: float = Field(
+        10.0, gt=0, le=100, description="full-speed travel that makes one stroke-time sample, %"
+    )
+    stroke_min_s: float = Field(5.0, gt=0, le=600, description="learned stroke lower bound, s")
+    stroke_max_s: float = Field(600.0, gt=0, le=3600,
+                                description="learned stroke upper bound, s")
+    rest_samples: int = Field(
+        60, ge=1, le=3600, description="seconds at rest averaged into the learned rest "
+        "characteristic (feedback − command offset and scatter)"
+    )
+    slow_ratio: float = Field(
+        1.25, gt=1, le=10, description="valve_actuator_slow:<valve> while the learned stroke "
+        "exceeds stroke_time_s × this"
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ValveSettings:
+        if not self.stroke_min_s <= self.stroke_time_s <= self.stroke_max_s:
+            raise ValueError("valves: need stroke_min_s <= stroke_time_s <= stroke_max_s")
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +145,27 @@ _new_valve_step = slots_constructor(ValveStep)  # ValveStep(...), every tick, al
 
 
 class _Check:
-    __slots__ = ("expected", "mismatch", "since", "t")
+    __slots__ = ("expected", "fb_prev", "gap_prev", "mismatch", "moved_t", "ref_fb",
+                 "rest_band", "rest_cmd", "rest_fb", "rest_offset", "rest_t", "seg_dist",
+                 "seg_t", "since", "stroke_s", "t")
 
     def __init__(self) -> None:
         self.expected: float | None = None
         self.t: float | None = None
         self.since: float | None = None
         self.mismatch = 0.0
+        self.ref_fb: float | None = None  # feedback when progress was last seen
+        self.moved_t: float | None = None  # when progress was last seen (or demand reached)
+        self.fb_prev: float | None = None
+        self.gap_prev = 0.0  # demand − feedback in the previous tick
+        self.seg_dist = 0.0  # full-speed travel towards the demand in this segment, %
+        self.seg_t = 0.0  # its duration, s
+        self.stroke_s: float | None = None  # learned stroke time (None: not yet)
+        self.rest_offset: float | None = None  # learned feedback − command at rest, %
+        self.rest_band: float | None = None  # learned mean |scatter| about it, %
+        self.rest_t: float | None = None
+        self.rest_fb = 0.0
+        self.rest_cmd = 0.0
 
 
 _val = fresh_value  # value if usable and fresh, else None
@@ -115,6 +194,7 @@ class ValveManager:
         self.detected_t: float | None = None
         self.failover_t: float | None = None
         self._fault_ids: dict[str, str] = {}
+        self._slow_ids: dict[str, str] = {}
 
     @property
     def active(self) -> int:
@@ -196,7 +276,6 @@ class ValveManager:
         s = self.s
         writes: list[tuple[str, float]] = []
         failed_now = None
-        rate = 100.0 / s.stroke_time_s
         stale_s = s.stale_after_s
         for i, u in enumerate(self.units):
             c = self._checks[i]
@@ -205,7 +284,8 @@ class ValveManager:
                 cmd = self._written.get(i)
             fb = _val(samples.get(u.position), now, stale_s) if u.position else None
             if cmd is None or fb is None:
-                c.since = None
+                c.since = c.moved_t = c.fb_prev = None
+                c.seg_dist = c.seg_t = 0.0
                 c.expected = fb
                 c.t = now
                 continue
@@ -213,30 +293,30 @@ class ValveManager:
                 c.expected = fb
             else:
                 d = cmd - c.expected
-                m = rate * (now - c.t)
+                m = (now - c.t) * 100.0 / self.stroke_time_s(i)
                 c.expected += m if d > m else -m if d < -m else d
+                if s.learn_stroke:
+                    self._learn(c, fb, now - c.t)
             c.t = now
+            c.fb_prev = fb
+            c.gap_prev = cmd - fb
+            self._progress(c, cmd, fb, now)
+            if s.learn_stroke:
+                self._learn_rest(c, cmd, fb, now)
             c.mismatch = abs(c.expected - fb)
-            if c.mismatch > s.mismatch_pct:
+            if c.mismatch > s.mismatch_pct and c.moved_t is not None \
+                    and now - c.moved_t >= s.stuck_no_motion_s - 1e-9:
                 if c.since is None:
                     c.since = now
                 if now - c.since >= s.confirm_s - 1e-9 and i not in self._failed:
                     self._failed[i] = "stuck"
                     failed_now = u.name
                     self._pending.append(f"valves:failed:{u.name}:mismatch "
-                                         f"{c.mismatch:.1f} %")
+                                         f"{c.mismatch:.1f} %, no motion for "
+                                         f"{now - c.moved_t:.1f} s")
                     if i == self._active:
                         self.detected_t = now
-                        spare = self._spare()
-                        if spare is not None:
-                            self._active = spare
-                            self.failover_t = now
-                            self._pending.append(f"valves:failover:{u.name}->"
-                                                 f"{self.units[spare].name}")
-                            writes += self._swap(i, spare, demand_pct)
-                            self._checks[spare].since = None
-                        else:
-                            self._pending.append(f"valves:no_spare:{u.name}")
+                        writes += self._after_failure(i, now, samples, demand_pct)
             else:
                 c.since = None
         cond: dict[str, bool] = {}
@@ -244,13 +324,150 @@ class ValveManager:
             aid = self._fault_ids.get(u.name)
             if aid is None:  # alarm ids built once per valve name, not per tick
                 aid = self._fault_ids[u.name] = f"valve_{u.name}_fault"
+                self._slow_ids[u.name] = alarm_id("valve_actuator_slow", u.name)
             cond[aid] = i in self._failed
+            st = self._checks[i].stroke_s
+            cond[self._slow_ids[u.name]] = (st is not None and i not in self._failed
+                                            and st > s.stroke_time_s * s.slow_ratio)
         cond["valve_failover"] = self._active != 0
         cond["valve_no_spare"] = self._active in self._failed
         trans: tuple[str, ...] = ()
         if self._pending:
             trans, self._pending = tuple(self._pending), []
         return _new_valve_step(writes, self._active, cond, trans, failed_now)
+
+    def _after_failure(self, i: int, now: float, samples: Mapping[str, Sample],
+                       demand_pct: float | None) -> list[tuple[str, float]]:
+        """The active valve ``i`` was just declared stuck: fail over to a healthy spare, or,
+        with none left, drive the failed valve that is more open (more cooling: the safe
+        direction for the supply temperature) and leave the other as it is; the safety logic
+        caps the rack (``valve_no_spare``)."""
+        name = self.units[i].name
+        spare = self._spare()
+        if spare is not None:
+            self._active = spare
+            self.failover_t = now
+            self._pending.append(f"valves:failover:{name}->{self.units[spare].name}")
+            self._checks[spare].since = None
+            return self._swap(i, spare, demand_pct)
+        self._pending.append(f"valves:no_spare:{name}")
+        best, best_fb = i, -1.0
+        for k, u in enumerate(self.units):
+            fb = (_val(samples.get(u.position), now, self.s.stale_after_s)
+                  if u.position else None)
+            if fb is not None and fb > best_fb + 1e-9:
+                best, best_fb = k, fb
+        if best != i:
+            self._active = best
+            self._pending.append(f"valves:hold:{self.units[best].name} (more open)")
+        return []
+
+    def _progress(self, c: _Check, cmd: float, fb: float, now: float) -> None:
+        """Note when the feedback last made progress towards the demand (or was there)."""
+        mp = self.s.motion_pct
+        if c.moved_t is None or c.ref_fb is None or abs(cmd - fb) <= mp:
+            c.moved_t, c.ref_fb = now, fb
+            return
+        toward = (fb - c.ref_fb) if cmd > c.ref_fb else (c.ref_fb - fb)
+        if toward >= mp:
+            c.moved_t, c.ref_fb = now, fb
+
+    def _learn(self, c: _Check, fb: float, dt: float) -> None:
+        """Stroke-time sample from full-speed travel: while the demand was at least
+        ``travel_gap_pct`` from the feedback, progress over time; one sample per
+        ``stroke_sample_pct`` of travel, averaged 1:1 into the estimate, bounded."""
+        s = self.s
+        g = c.gap_prev
+        if c.fb_prev is None or dt <= 0.0 or abs(g) < s.travel_gap_pct or (
+                c.moved_t is not None and c.t is not None
+                and c.t - c.moved_t > s.stuck_no_motion_s):
+            c.seg_dist = c.seg_t = 0.0  # not travelling (or not moving: no speed to learn)
+            return
+        c.seg_dist += (fb - c.fb_prev) if g > 0.0 else (c.fb_prev - fb)
+        c.seg_t += dt
+        if c.seg_dist >= s.stroke_sample_pct:
+            sample = 100.0 * c.seg_t / c.seg_dist
+            est = sample if c.stroke_s is None else 0.5 * (c.stroke_s + sample)
+            c.stroke_s = min(s.stroke_max_s, max(s.stroke_min_s, est))
+            c.seg_dist = c.seg_t = 0.0
+
+    def _learn_rest(self, c: _Check, cmd: float, fb: float, now: float) -> None:
+        """The positioner's static characteristic from command vs feedback at rest (both
+        still within 0.1 % over a second, feedback within mismatch_pct / 2 of the command):
+        the offset (mean feedback − command) and the scatter about it (dead band, backlash),
+        averaged over ~``rest_samples`` seconds. Reported (state, persisted); the
+        plausibility check does not use them (a stuck valve at rest looks the same)."""
+        if c.rest_t is None:
+            c.rest_t, c.rest_fb, c.rest_cmd = now, fb, cmd
+            return
+        if now - c.rest_t < 1.0 - 1e-9:
+            return
+        still = abs(fb - c.rest_fb) < 0.1 and abs(cmd - c.rest_cmd) < 0.1
+        c.rest_t, c.rest_fb, c.rest_cmd = now, fb, cmd
+        lim = 0.5 * self.s.mismatch_pct
+        e = fb - cmd
+        if not still or abs(e) > lim:
+            return
+        a = 1.0 / self.s.rest_samples
+        off = e if c.rest_offset is None else c.rest_offset + (e - c.rest_offset) * a
+        c.rest_offset = min(lim, max(-lim, off))
+        dev = abs(e - c.rest_offset)
+        c.rest_band = dev if c.rest_band is None else c.rest_band + (dev - c.rest_band) * a
+
+    def stroke_time_s(self, index: int) -> float:
+        """The stroke time the expected position of valve ``index`` uses, s: the learned one
+        when there is one, else the configured ``stroke_time_s``."""
+        st = self._checks[index].stroke_s
+        return self.s.stroke_time_s if st is None or not self.s.learn_stroke else st
+
+    def learned(self) -> dict[str, float]:
+        """Learned stroke times by valve name, s (persisted by the daemon)."""
+        return {u.name: c.stroke_s for u, c in zip(self.units, self._checks, strict=True)
+                if c.stroke_s is not None}
+
+    def learned_rest(self) -> dict[str, tuple[float, float]]:
+        """Learned rest characteristic by valve name: (offset %, scatter %) (persisted)."""
+        return {u.name: (c.rest_offset, c.rest_band if c.rest_band is not None else 0.0)
+                for u, c in zip(self.units, self._checks, strict=True)
+                if c.rest_offset is not None}
+
+    def restore_learned_rest(self, learned: Mapping[str, Any]) -> list[str]:
+        """Lay saved rest characteristics (``name: [offset %, scatter %]``) over the cold
+        ones; an offset beyond mismatch_pct / 2, a scatter outside [0, mismatch_pct / 2],
+        non-numbers and unknown valves are skipped. Returns the names restored."""
+        lim = 0.5 * self.s.mismatch_pct
+        done = []
+        for u, c in zip(self.units, self._checks, strict=True):
+            v = learned.get(u.name)
+            if not isinstance(v, list | tuple) or len(v) != 2:
+                continue
+            off, band = v
+            if all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+                   for x in (off, band)) and abs(off) <= lim and 0.0 <= band <= lim:
+                c.rest_offset, c.rest_band = float(off), float(band)
+                done.append(u.name)
+        return done
+
+    def restore_learned(self, learned: Mapping[str, Any]) -> list[str]:
+        """Lay saved stroke times over the cold estimates; values outside
+        [stroke_min_s, stroke_max_s], non-numbers and unknown valves are skipped. Returns
+        the names of the valves restored."""
+        s = self.s
+        done = []
+        for u, c in zip(self.units, self._checks, strict=True):
+            v = learned.get(u.name)
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) \
+                    and s.stroke_min_s <= v <= s.stroke_max_s:
+                c.stroke_s = float(v)
+                done.append(u.name)
+        return done
+
+    def reset_learned(self) -> None:
+        """Forget the learned stroke times (back to the configured ``stroke_time_s``) and
+        rest characteristics."""
+        for c in self._checks:
+            c.stroke_s = c.rest_offset = c.rest_band = None
+            c.seg_dist = c.seg_t = 0.0
 
     def _spare(self) -> int | None:
         if not self.s.second_valve:
@@ -274,6 +491,10 @@ class ValveManager:
                 "expected_pct": None if c.expected is None else round(c.expected, 2),
                 "mismatch_pct": round(c.mismatch, 2) if math.isfinite(c.mismatch) else None,
                 "failed": self._failed.get(i),
+                "stroke_time_s": round(self.stroke_time_s(i), 1),
+                "stroke_learned": c.stroke_s is not None,
+                "rest_offset_pct": None if c.rest_offset is None else round(c.rest_offset, 2),
+                "rest_band_pct": None if c.rest_band is None else round(c.rest_band, 2),
             })
         return {"active": self.units[self._active].name,
                 "second_valve": self.s.second_valve and len(self.units) > 1,

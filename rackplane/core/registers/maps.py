@@ -96,7 +96,7 @@ class DeviceInfo(StrictModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _DEVICE_NAME_RE.match(v):
+        if not _DEVICE_NAME_RE.fullmatch(v):
             raise ValueError(
                 "must be 1-64 characters of letters, digits, '_', '.', ':' or '-', starting "
                 "with a letter or digit (it is a topic level and a tag value)"
@@ -130,7 +130,7 @@ class PointSpec(StrictModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _POINT_NAME_RE.match(v):
+        if not _POINT_NAME_RE.fullmatch(v):
             raise ValueError(
                 "point names are time-series field names and topic levels: 1-64 characters "
                 "of lower-case letters, digits and '_', starting with a letter"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rackplane.core.registers.codec import (
@@ -90,11 +90,24 @@ class ReadMemory:
         bad: ``(table, address)`` the device rejected (exception 2): never read across again.
         isolated: point names read on their own (exception 2 on a block without gaps).
         max_registers: a reduced request size after exception 3 (``None``: not reduced).
+        refused: point names the device refused when read alone (exception 2 or 3): not
+            read at all (the poller re-probes them after its ``refused_reprobe_s`` by
+            planning again without them here).
     """
 
     bad: frozenset[tuple[str, int]] = frozenset()
     isolated: frozenset[str] = frozenset()
     max_registers: int | None = None
+    refused: frozenset[str] = frozenset()
+
+    def refuse(self, names: Iterable[str]) -> ReadMemory:
+        """A copy with ``names`` refused (not planned)."""
+        return replace(self, refused=self.refused | frozenset(names))
+
+    def reprobe(self, names: Iterable[str]) -> ReadMemory:
+        """A copy with ``names`` planned again (read alone: they stay isolated)."""
+        drop = frozenset(names)
+        return replace(self, isolated=self.isolated | drop, refused=self.refused - drop)
 
 
 def plan_reads(
@@ -111,12 +124,12 @@ def plan_reads(
     limit (``max_registers`` capped at 125 and at ``known_bad.max_registers`` for register
     tables; ``max_bits`` capped at 2000 for bit tables) and each gap is at most ``max_gap``
     addresses containing no remembered bad address. Isolated points, and points occupying a
-    bad address, are read alone. A point is never split; a point wider than the limit is read
-    alone at its own width.
+    bad address, are read alone; refused points (``known_bad.refused``) are not read. A point
+    is never split; a point wider than the limit is read alone at its own width.
 
     Returns:
-        Blocks ordered by table (holding, input, coil, discrete) then address; every point is
-        in exactly one block.
+        Blocks ordered by table (holding, input, coil, discrete) then address; every point
+        not refused is in exactly one block.
 
     Raises:
         ValueError: ``max_registers`` or ``max_bits`` < 1, ``max_gap`` < 0, or two points of
@@ -131,7 +144,8 @@ def plan_reads(
     bit_limit = min(max_bits, MAX_READ_BITS)
     by_table: dict[str, list[PointSpec]] = {}
     for p in points:
-        by_table.setdefault(p.table, []).append(p)
+        if p.name not in memory.refused:
+            by_table.setdefault(p.table, []).append(p)
 
     blocks: list[ReadBlock] = []
     for table in TABLES:
@@ -201,6 +215,9 @@ def learn_from_exception(
       and is remembered. A single point: nothing to learn.
     - any other code: nothing to learn.
 
+    A single point refused with 2 or 3 is the poller's to remember (`ReadMemory.refuse`,
+    with a re-probe time: a clock this pure function does not read).
+
     ``max_registers`` is the configured size, used when no reduced size is remembered yet.
     """
     if len(block.points) <= 1 or code not in (2, 3):
@@ -209,12 +226,12 @@ def learn_from_exception(
         gaps = block.gaps()
         if gaps:
             bad = memory.bad | {(block.table, a) for a in gaps}
-            return Learned(ReadMemory(bad, memory.isolated, memory.max_registers), True)
+            return Learned(replace(memory, bad=bad), True)
         isolated = memory.isolated | {p.name for p in block.points}
-        return Learned(ReadMemory(memory.bad, isolated, memory.max_registers), True)
+        return Learned(replace(memory, isolated=isolated), True)
     if block.table in BIT_TABLES:
         isolated = memory.isolated | {p.name for p in block.points}
-        return Learned(ReadMemory(memory.bad, isolated, memory.max_registers), True)
+        return Learned(replace(memory, isolated=isolated), True)
     widest = max(p.words for p in block.points)
     current = min(max_registers, MAX_READ_REGISTERS)
     if memory.max_registers is not None:
@@ -224,8 +241,8 @@ def learn_from_exception(
     if new_max >= block.count:
         # cannot shrink below this block's widest point: read its points alone instead
         isolated = memory.isolated | {p.name for p in block.points}
-        return Learned(ReadMemory(memory.bad, isolated, memory.max_registers), True)
-    return Learned(ReadMemory(memory.bad, memory.isolated, new_max), True)
+        return Learned(replace(memory, isolated=isolated), True)
+    return Learned(replace(memory, max_registers=new_max), True)
 
 
 @dataclass(slots=True)

@@ -1,4 +1,6 @@
-"""Modbus TCP acquisition: one owner task, one connection, per device (DESIGN §1 bulkheads).
+"""Modbus TCP acquisition: one owner task per device (DESIGN §1 bulkheads); devices at one
+address (a gateway's host:port, a serial port) share one connection (`ModbusLinks`,
+`rackplane.io.modbus.link`), each unit with its own bulkhead (`rackplane.io.modbus.bulkhead`).
 
 This is the only daemon-side module importing pymodbus (3.16.x). Everything the library
 raises is turned into `rackplane.errors` types here; decode, encode and read planning are the
@@ -27,7 +29,12 @@ Field behaviour (FIELD-CASES):
   split remembered, a single point answering 2 is BAD ``illegal_data_address``; 3 -> the
   request size shrinks (remembered); 6 -> the block's points are STALE ``server_busy`` this
   cycle (no invalid state, retried next cycle); 10/11 -> the unit is unavailable
-  (``stats.available``), its points STALE, the TCP connection kept (the gateway is fine).
+  (``stats.available``), its points STALE, the TCP connection kept (the gateway is fine),
+  and it is re-probed every ``dormant_reprobe_s`` only (issue 14). A single point answering
+  2 or 3 is refused: BAD with that reason and not read before ``refused_reprobe_s``.
+- RTU (serial, or through a transparent gateway): ``local_echo`` echo checked and discarded,
+  input between requests dropped, t3.5 silence before each request on a serial line
+  (`rackplane.io.modbus.rtu_line`).
 - BR-05: no request exceeds 125 registers or the device's remembered limit.
 - BR-06: unit 0 over TCP is an ordinary device (reads wait for the reply, its unit id is
   checked). With ``framer = "rtu"`` unit 0 is broadcast: writes are sent with pymodbus'
@@ -35,6 +42,8 @@ Field behaviour (FIELD-CASES):
 - BR-07: a timeout or connection loss makes every point STALE from that poll on (values read
   and validated earlier in the same poll stay GOOD: they are fresh), drops the connection and
   reconnects with a *new* client object: no byte of the old connection can be read again.
+  On a shared connection a timeout is the unit's alone (the connection is kept, see
+  `rackplane.io.modbus.link`); only a transport error, or every unit silent, replaces it.
   Backoff doubles from ``reconnect_min_s`` (floored at `MIN_RECONNECT_DELAY_S`) to
   ``reconnect_max_s`` with jitter in [d/2, d]; it resets only after a successful read, so a
   half-open device that accepts TCP but never answers keeps backing off. Only a live
@@ -81,10 +90,13 @@ before, in runs alternated with them: 1.10-1.25x).
 
 
 from rackplane.io.modbus import device as _device
+from rackplane.io.modbus import link as _link
 from rackplane.io.modbus import support as _support
 from rackplane.io.modbus.device import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.io.modbus.link import *  # noqa: F403
 from rackplane.io.modbus.support import *  # noqa: F403 (the package's public names: its modules' __all__)
 
 __all__: list[str] = []
 __all__ += _device.__all__
+__all__ += _link.__all__
 __all__ += _support.__all__

@@ -27,7 +27,9 @@ from rackplane.errors import (
     ModbusError,
     ModbusExceptionResponse,
     ModbusTimeout,
+    WriteFenced,
 )
+from rackplane.io.modbus.rtu_line import _RtuLine, t35_s
 from rackplane.io.modbus.support import (
     OUTER_TIMEOUT_MARGIN_S,
     RECEIVE_BUFFER_BYTES,
@@ -54,24 +56,9 @@ _READ_CALLS: dict[int, str] = {
     4: "read_input_registers",
 }
 _GATEWAY_CODES = frozenset({10, 11})
+_NEVER_DISCONNECT = 1 << 62
 
 logging.getLogger("pymodbus").setLevel(logging.CRITICAL)
-
-
-def _raise_if_cancelling(task: asyncio.Task[Any] | None = None) -> None:
-    """Re-raise a cancellation that a library swallowed (``task``: the current task, when
-    the caller has it; `asyncio.current_task` costs a getpid() system call).
-
-    Python 3.11's ``asyncio.wait_for`` (used by pymodbus 3.16.1 for every request and
-    connect) returns the result instead of raising when the cancel arrives in the same loop
-    iteration as the reply (CPython gh-86296, fixed in 3.12). The task still counts the
-    request (`asyncio.Task.cancelling`), so the owner checks it between steps: without this,
-    a busy device task could ignore a shutdown forever.
-    """
-    if task is None:
-        task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError()
 
 
 # --- strict reply matching (BR-03) -------------------------------------------------------------
@@ -119,7 +106,9 @@ class _ReplyGuard:
     """Matches reply frames to the one outstanding request; counts what it drops."""
 
     def __init__(self, stats: ModbusStats) -> None:
-        self._stats = stats
+        #: The counters of the device whose request is outstanding (a shared link's
+        #: members point it at their own before each request).
+        self.stats = stats
         self.expect: _Expect | None = None
         self.fast: _FastReply | None = None
         self.bad_reply = False  # a frame with the right tid but wrong content arrived
@@ -139,12 +128,12 @@ class _ReplyGuard:
 
     def drop(self, reason: str, *, same_tid: bool) -> str:
         """Count a dropped frame; ``same_tid``: it carried the outstanding request's tid."""
-        self._stats.dropped_frames[reason] = self._stats.dropped_frames.get(reason, 0) + 1
+        self.stats.dropped_frames[reason] = self.stats.dropped_frames.get(reason, 0) + 1
         if same_tid:
-            self._stats.rejected_frames += 1
+            self.stats.rejected_frames += 1
             self.bad_reply = True
         else:
-            self._stats.stale_frames += 1
+            self.stats.stale_frames += 1
         return reason
 
     def check(self, tid: int, expected_tid: int, unit: int, pdu: bytes) -> str | None:
@@ -171,7 +160,7 @@ class _ReplyGuard:
 
     def out_of_step(self) -> None:
         self.desync = True
-        self._stats.dropped_frames["desync"] = self._stats.dropped_frames.get("desync", 0) + 1
+        self.stats.dropped_frames["desync"] = self.stats.dropped_frames.get("desync", 0) + 1
 
 
 class _StrictSocketFramer(FramerSocket):
@@ -272,9 +261,11 @@ class _PymodbusClient:
     _log: Any
     stats: ModbusStats
     _guard: _ReplyGuard
+    write_gate: Callable[[], bool] | None
     _watchdog: Any
     _backoff: Any
     _client: _Client | None
+    _link: Any  # rackplane.io.modbus.link.ModbusLink
     _ever_connected: bool
     _down_reason: str
     _next_connect: float
@@ -295,6 +286,9 @@ class _PymodbusClient:
         raise NotImplementedError
 
     def _drop_after(self, err: ModbusError) -> None:
+        raise NotImplementedError
+
+    def _transport_failure(self, err: ModbusError) -> bool:
         raise NotImplementedError
 
     def _set_online(self, online: bool, reason: str | None, **extra: Any) -> None:
@@ -337,11 +331,39 @@ class _PymodbusClient:
             )
         if s.framer == "socket":
             ctx.framer = _StrictSocketFramer(self._guard)
+            self._link.line = None
+        else:  # RTU, on a serial line or through a transparent TCP gateway
+            self._link.line = _RtuLine(
+                ctx, self._guard, local_echo=s.local_echo,
+                t35=t35_s(getattr(s, "baudrate", 19200)) if serial_port else 0.0,
+                max_wait_s=s.timeout_s)
         ctx.max_buffer_size = RECEIVE_BUFFER_BYTES
+        # pymodbus closes the connection itself after retries + 3 timeouts in a row: on a
+        # shared gateway connection one silent unit would drop every unit's connection.
+        # Whether a timeout replaces the connection is decided here (`rackplane.io.modbus.link`)
+        ctx.max_until_disconnect = ctx.count_until_disconnect = _NEVER_DISCONNECT
         return client
 
     async def _connect(self) -> bool:
-        """One connect attempt; on failure the next one is scheduled with backoff."""
+        """One connect attempt; on failure the next one is scheduled with backoff.
+
+        On a shared link (`rackplane.io.modbus.link`) the link's open connection is taken
+        as it is (no new connection); only when it has none does this device open one, for
+        every member.
+        """
+        link = self._link
+        async with link.lock:
+            shared = link.client
+            if shared is not None and shared.connected:
+                self._client = shared
+                link.users.add(id(self))
+                self._ok_since_connect = False
+                self.stats.connected = True
+                self._log.debug("modbus_connection_shared", link=str(link.key))
+                return True
+            return await self._connect_new()
+
+    async def _connect_new(self) -> bool:
         self.stats.connect_attempts += 1
         client = self._new_client()
         ok = False
@@ -361,6 +383,13 @@ class _PymodbusClient:
             self._set_online(False, "not_connected", retry_in_s=round(delay, 3))
             return False
         self._client = client
+        link = self._link
+        if link.client is not None and link.client is not client:
+            link.client.close()  # a closed one another member has not noticed yet
+        link.client = client
+        link.users = {id(self)}
+        link.connects += 1
+        link.silent_units.clear()
         self._ok_since_connect = False
         self.stats.connected = True
         if self._ever_connected:
@@ -459,6 +488,10 @@ class _PymodbusClient:
             raise ModbusConnectionError(f"{self.name}: not connected{why}")
         if not client.connected:
             raise ModbusConnectionError(f"{self.name}: connection closed by the peer")
+        line = self._link.line
+        if line is not None:
+            await line.quiet()
+        self._guard.stats = self.stats
         self._guard.begin(expect)
         self.stats.requests += 1
         if running is None:
@@ -498,7 +531,11 @@ class _PymodbusClient:
             raise ModbusConnectionError(f"{self.name}: not connected{why}")
         if not client.connected:
             raise ModbusConnectionError(f"{self.name}: connection closed by the peer")
+        line = self._link.line
+        if line is not None:
+            await line.quiet()
         guard = self._guard
+        guard.stats = self.stats
         guard.begin(op.expect, op.fast)
         self.stats.requests += 1
         cancelling = task.cancelling()
@@ -564,14 +601,24 @@ class _PymodbusClient:
                                          no_response_expected=broadcast)
 
         try:
-            reply = await self._transact(expect, call)
+            async with self._link.lock:  # one request at a time on a shared connection
+                # the fence asked again at the last moment before the request goes out: a
+                # write queued, or waiting for the shared connection, while this instance lost
+                # its lease (e.g. paused past its renew deadline) never reaches the device
+                # (issue 15: "writes nothing, not even a queued write")
+                if self.write_gate is not None and not self.write_gate():
+                    self.stats.count_error("write_fenced")
+                    raise WriteFenced(f"{self.name}: {p.name}: the leadership lease was lost "
+                                      "while the write waited; not sent")
+                reply = await self._transact(expect, call)
             if not broadcast:
                 self._check_echo(expect, p, regs, reply)
         except ModbusError as err:
             self.stats.write_errors += 1
             self.stats.count_error(err.reason)
             self._note_write_failed(p, enc.value, err)
-            if isinstance(err, ModbusTimeout | ModbusDecodeError | ModbusConnectionError):
+            if (isinstance(err, ModbusTimeout | ModbusDecodeError | ModbusConnectionError)
+                    and self._transport_failure(err)):
                 self._drop_after(err)
             raise
         self.stats.writes += 1

@@ -29,17 +29,19 @@ from rackplane.errors import (
     ModbusConnectionError,
     ModbusError,
     ModbusExceptionResponse,
+    WriteFenced,
     WriteRejected,
 )
+from rackplane.io.cancel import raise_if_cancelling
+from rackplane.io.modbus.bulkhead import _Bulkhead
 from rackplane.io.modbus.client import (
     _GATEWAY_CODES,
     _by_name,
     _Client,
     _PymodbusClient,
-    _raise_if_cancelling,
     _ReadOp,
-    _ReplyGuard,
 )
+from rackplane.io.modbus.link import ModbusLink
 from rackplane.io.modbus.support import (
     MAX_PLAN_RETRIES_PER_POLL,
     MIN_POLL_INTERVAL_S,
@@ -107,7 +109,7 @@ def _bug_key(err: BaseException) -> str:
 # --- the device ------------------------------------------------------------------------------
 
 
-class ModbusDevice(_PymodbusClient):
+class ModbusDevice(_Bulkhead, _PymodbusClient):
     """One Modbus TCP device: one connection, one owner task (`run`).
 
     Args:
@@ -120,6 +122,8 @@ class ModbusDevice(_PymodbusClient):
         log: a structlog-style logger (default ``get_logger("rackplane.io.modbus")``), bound
             to the device.
         rng: random source of the reconnect jitter (tests pass a seeded one).
+        link: the connection this device shares with the other units at its address
+            (`rackplane.io.modbus.link.ModbusLinks.get`); default: a connection of its own.
 
     Raises:
         ConfigError: the register map cannot be loaded.
@@ -134,6 +138,7 @@ class ModbusDevice(_PymodbusClient):
         on_samples: Callable[[list[Sample]], None],
         log: Any = None,
         rng: random.Random | None = None,
+        link: ModbusLink | None = None,
     ) -> None:
         self._settings = settings
         self.regmap = regmap if regmap is not None else load_register_map(settings.register_map)
@@ -143,7 +148,18 @@ class ModbusDevice(_PymodbusClient):
             device=settings.name, host=settings.host, port=settings.port, unit=settings.unit_id
         )
         self.stats = ModbusStats(read_limit=settings.max_registers_per_read)
-        self._guard = _ReplyGuard(self.stats)
+        self._link = link if link is not None else ModbusLink()
+        #: Asked right before every write (redundant pairs: `DaemonFrame.may_write`); False
+        #: refuses the write with `WriteFenced` before anything is encoded or sent.
+        self.write_gate: Callable[[], bool] | None = None
+        self._link.join(self)
+        self._guard = self._link.guard
+        self._unit_failures = 0  # timeouts in a row (shared link) or the gateway's 10/11
+        self._dormant_until: float | None = None  # unavailable: next re-probe (monotonic)
+        self._unavailable_reason = ""
+        self._refused_until: dict[str, float] = {}  # refused point -> re-probe (monotonic)
+        self._refused_reason: dict[str, str] = {}
+        self._refused_logged: set[str] = set()
         self._watchdog = _RequestWatchdog()
         self._backoff = _Backoff(
             settings.reconnect_min_s, settings.reconnect_max_s, rng or random.Random()
@@ -186,6 +202,13 @@ class ModbusDevice(_PymodbusClient):
         return self._settings
 
     @property
+    def connection_serial(self) -> int:
+        """Successful TCP connects of this device's connection so far (0: never connected):
+        it changes with every new connection (a controller of a pair claims its epoch on
+        each one, `sims.epoch_gate`)."""
+        return self._link.connects
+
+    @property
     def read_memory(self) -> ReadMemory:
         """What the device taught the read planner so far (splits, reduced size)."""
         return self._memory
@@ -215,7 +238,7 @@ class ModbusDevice(_PymodbusClient):
                 await self._owner_loop()
         finally:
             self._running = False
-            self._close_client()
+            self._release_client()
             self.stats.connected = False
             self._fail_commands(ModbusConnectionError(f"{self.name}: device stopped"))
 
@@ -234,7 +257,11 @@ class ModbusDevice(_PymodbusClient):
             ModbusTimeout: no valid reply within ``timeout_s`` (the connection is replaced).
             ModbusExceptionResponse: the device refused it (``.code``).
             ModbusDecodeError: the reply does not echo the write.
+            WriteFenced: ``write_gate`` says this instance may not write now.
         """
+        if self.write_gate is not None and not self.write_gate():
+            raise WriteFenced(f"{self.name}: {point}: this instance does not hold the "
+                              "leadership lease; write refused")
         try:
             spec = self.regmap.point(point)
         except KeyError:
@@ -268,7 +295,7 @@ class ModbusDevice(_PymodbusClient):
                     )
                 return await self._poll(count=False)
             finally:
-                self._close_client()
+                self._release_client()
                 self.stats.connected = False
 
     # -- owner loop ----------------------------------------------------------------------------
@@ -287,7 +314,7 @@ class ModbusDevice(_PymodbusClient):
         task = asyncio.current_task(loop)
         while True:
             try:
-                _raise_if_cancelling(task)
+                raise_if_cancelling(task)
                 if self._client is not None and not self._client.connected:
                     # closed while idle (device reboot, gateway idle timeout): reconnect at
                     # once if this connection had worked, else back off
@@ -366,7 +393,7 @@ class ModbusDevice(_PymodbusClient):
 
     async def _run_commands(self) -> None:
         for _ in range(len(self._commands)):  # those queued now: a flood cannot starve polls
-            _raise_if_cancelling()
+            raise_if_cancelling()
             cmd = self._commands.popleft()
             if cmd.future.done():  # the caller gave up: do not act for it
                 continue
@@ -380,7 +407,7 @@ class ModbusDevice(_PymodbusClient):
                     assert cmd.encoded is not None
                     await self._write(cmd.encoded)
                     result = None
-            except ModbusError as err:
+            except (ModbusError, WriteRejected) as err:  # WriteFenced: the lease lost meanwhile
                 if not cmd.future.done():
                     cmd.future.set_exception(err)
             except Exception as err:  # a bug: the caller gets a typed error, the task lives
@@ -399,6 +426,7 @@ class ModbusDevice(_PymodbusClient):
 
     def _transaction_ok(self) -> None:
         """A valid reply arrived: the link works (resets the backoff)."""
+        self._link.silent_units.clear()
         self._ok_since_connect = True
         self._backoff.reset()
         self._set_online(True, None)
@@ -412,15 +440,6 @@ class ModbusDevice(_PymodbusClient):
             self._log.info("modbus_online", connect_attempts=self.stats.connect_attempts)
         else:
             self._log.warning("modbus_offline", reason=reason, **extra)
-
-    def _close_client(self) -> None:
-        self._watchdog.close()  # no request in flight: the next one re-arms it
-        client, self._client = self._client, None
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # closing must never fail the owner
-                self._log.debug("modbus_close_error", exc_info=True)
 
     def _drop(self, reason: str, *, immediate: bool) -> None:
         """Close the connection (a new client is made for the next one) and schedule the
@@ -495,7 +514,31 @@ class ModbusDevice(_PymodbusClient):
         )
 
     async def _poll(self, *, count: bool) -> list[Sample]:
-        """Read every block once; one sample per point (map order)."""
+        """Read every block once; one sample per point (map order).
+
+        An unavailable unit is not read before its re-probe time (its points are STALE with
+        the reason that made it unavailable); on a shared link the poll holds the link (one
+        request at a time on the connection).
+        """
+        dormant = self._dormant_until
+        if dormant is not None and self._clock.monotonic() < dormant:
+            if count:
+                self.stats.polls += 1
+            self.stats.dormant_polls += 1
+            return self._all_stale(self._unavailable_reason)
+        async with self._link.lock:
+            return await self._poll_link(count=count)
+
+    async def _poll_link(self, *, count: bool) -> list[Sample]:
+        if self._refused_until:
+            self._reprobe_refused()
+        if self._client is not self._link.client:  # another unit replaced the connection
+            self._client = None
+            self.stats.connected = False
+            self._next_connect = self._clock.monotonic()
+            if count:
+                self.stats.polls += 1
+            return self._all_stale("connection_lost")
         if count:
             self.stats.polls += 1
         ops = self._ops
@@ -516,7 +559,7 @@ class ModbusDevice(_PymodbusClient):
         clock = self._clock
         stats = self.stats
         while queue:
-            if task.cancelling():  # a cancel a library swallowed (`_raise_if_cancelling`)
+            if task.cancelling():  # a cancel a library swallowed (`raise_if_cancelling`)
                 raise asyncio.CancelledError()
             op = queue.popleft()
             decoder = op.decoder
@@ -527,6 +570,7 @@ class ModbusDevice(_PymodbusClient):
                     out = _by_name(ops, flat, done)
                 block = decoder.block
                 stats.count_error(exc.reason)
+                stats.exception_replies += 1
                 self._transaction_ok()  # a valid answer: the link works
                 if exc.code not in _GATEWAY_CODES:
                     self._mark_reachable()  # the unit itself answered
@@ -543,6 +587,8 @@ class ModbusDevice(_PymodbusClient):
                         queue.extendleft(_ReadOp(b, unit) for b in reversed(sub))
                         continue
                     self._mark(out, block.points, Quality.BAD, exc.reason)
+                    if len(block.points) == 1:
+                        self._refuse(block.points[0].name, exc.reason)
                 elif exc.code == 6:
                     clean = False
                     mark_stale(out, block.points, exc.reason, self._clock.wall_ns(),
@@ -556,7 +602,8 @@ class ModbusDevice(_PymodbusClient):
                 if out is None:
                     out = _by_name(ops, flat, done)
                 stats.count_error(err.reason)
-                failure = _Failure(err, err.reason, drop_connection=True)
+                failure = _Failure(err, err.reason,
+                                   drop_connection=self._transport_failure(err))
                 break
             else:
                 t_mono = clock.monotonic()
@@ -582,7 +629,7 @@ class ModbusDevice(_PymodbusClient):
                 stats.last_ok_mono = t_mono
                 if not (self._ok_since_connect and self._online and self._backoff.clean):
                     self._transaction_ok()  # else it has nothing to change
-                if not stats.available:
+                if not stats.available or self._unit_failures:
                     self._mark_reachable()
         if failure is not None:
             if failure.reason in ("gateway_path_unavailable", "gateway_target_no_response"):
@@ -598,6 +645,8 @@ class ModbusDevice(_PymodbusClient):
                 return [flat[i] for i in order]  # every point answered by the plan
             out = _by_name(ops, flat, done)
         if len(out) < len(self._point_names):  # points no reply covered: STALE
+            if self._refused_reason:  # ... or refused, not read: BAD, the refusal's reason
+                self._fill_refused(out)
             reason = failure.reason if failure is not None else "stale"
             rest = [p for p in self.regmap.points if p.name not in out]
             mark_stale(out, rest, reason, self._clock.wall_ns(), self._clock.monotonic())
@@ -616,16 +665,6 @@ class ModbusDevice(_PymodbusClient):
         return all_stale(self.regmap.points, reason, self._clock.wall_ns(),
                          self._clock.monotonic())
 
-    def _mark_reachable(self) -> None:
-        if not self.stats.available:
-            self.stats.available = True
-            self._log.info("modbus_unit_available")
-
-    def _mark_unreachable(self, reason: str) -> None:
-        if self.stats.available:
-            self.stats.available = False
-            self._log.warning("modbus_unit_unavailable", reason=reason)
-
     def _emit(self, samples: list[Sample]) -> None:
         stale = bad = 0
         problems = self._point_problem
@@ -642,6 +681,7 @@ class ModbusDevice(_PymodbusClient):
             self._note_point(s)
         self.stats.stale_points = stale
         self.stats.invalid_points = bad
+        self.stats.invalid_samples += bad
         try:
             self._on_samples(samples)
         except Exception:

@@ -135,10 +135,20 @@ class ModbusStats:
             ``illegal_data_address``, ``server_busy``, ``reply_mismatch`` ...).
         connect_attempts, reconnects: TCP connects tried; successful ones after the first.
         stale_points, invalid_points: points whose latest sample is STALE; BAD or
-            OUT_OF_RANGE.
+            OUT_OF_RANGE (gauges: the number now).
+        invalid_samples: BAD or OUT_OF_RANGE samples emitted since the device object was
+            built (a counter: a Python int, no width, never wraps; 0 again after a restart).
         last_ok_mono: monotonic time of the last valid reply (``None``: never).
         connected: a TCP connection is open.
-        available: False while a gateway answers 10/11 for the unit (BR-04).
+        available: False while the unit is unavailable: a gateway answered 10/11 for it
+            (BR-04), or it timed out ``unavailable_after_failures`` times in a row on a
+            shared connection (`rackplane.io.modbus.link`); re-probed every
+            ``dormant_reprobe_s``.
+        unit_failures: timeouts of the unit on a shared connection (the connection kept).
+        dormant_polls: poll ticks not sent because the unit is unavailable.
+        exception_replies: exception responses received (any code).
+        refused_points: points the device refused alone (2/3), not read until re-probed.
+        refused_skips: samples of refused points given without a read (BAD, the refusal).
         stale_frames: reply frames dropped for another tid, or with no request outstanding.
         rejected_frames: frames with the right tid but wrong unit, function, byte count or echo.
         dropped_frames: every dropped frame by reason.
@@ -155,9 +165,15 @@ class ModbusStats:
     reconnects: int = 0
     stale_points: int = 0
     invalid_points: int = 0
+    invalid_samples: int = 0
     last_ok_mono: float | None = None
     connected: bool = False
     available: bool = True
+    unit_failures: int = 0
+    dormant_polls: int = 0
+    exception_replies: int = 0
+    refused_points: int = 0
+    refused_skips: int = 0
     stale_frames: int = 0
     rejected_frames: int = 0
     dropped_frames: dict[str, int] = field(default_factory=dict)

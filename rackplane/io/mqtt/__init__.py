@@ -13,6 +13,7 @@ Topics (DESIGN §3), ``<base> = <topic_root>/<site>/<rack>/<daemon>`` (the row i
 tags, not in the topic)::
 
     <base>/status                      retained, QoS 1: online / stopping; Last Will offline
+    <base>/status/<instance>           the same for one instance of a redundant pair (``instance``)
     <base>/state/<thing>               retained JSON, QoS 1, latest wins, re-sent on every connect
     <base>/telemetry/<thing>           JSON, QoS 0, queued while disconnected (drop-oldest)
     <base>/alarm/<id>                  retained JSON, QoS 1 while active; empty retained = cleared

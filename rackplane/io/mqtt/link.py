@@ -168,6 +168,12 @@ class MqttLink(_Queues):
         announce: True (a daemon): publish ``status`` online/stopping/offline and set the
             Will. False (a client such as the rackctl CLI): neither, so a client that may only
             command or read (broker ACL) never publishes outside its rights.
+        instance: one instance of a redundant pair (issue 15), e.g. ``a``: the default client
+            id is ``<daemon>-<site>-<rack>-<instance>``, ``status`` and the Will go to
+            ``<base>/status/<instance>`` (a standby's death never marks the rack's daemon
+            offline), and the retained alarms are not reconciled on connect (the other
+            instance's would be cleared) but when asked (`request_alarm_reconcile`, by the
+            instance that became active). None (default): one instance, as before.
 
     Raises:
         ConfigError: ``settings.password_env`` is named but not set.
@@ -194,13 +200,21 @@ class MqttLink(_Queues):
         clock: Clock,
         log: Any = None,
         announce: bool = True,
+        instance: str | None = None,
     ) -> None:
         self.settings = settings
         self.identity = identity
         self.daemon = daemon
         self.announce = announce
         self.topics = Topics(settings.topic_root, identity, daemon)
-        self.client_id = settings.client_id or f"{daemon}-{identity.site}-{identity.rack}"
+        self.instance = instance
+        self.client_id = settings.client_id or f"{daemon}-{identity.site}-{identity.rack}" + (
+            f"-{instance}" if instance is not None else "")
+        self.status_topic = (self.topics.instance_status(instance) if instance is not None
+                             else self.topics.status)
+        self._reconcile_wanted = False
+        #: alarm ids the reconciliation never clears (a pair's per-instance alarms: issue 15)
+        self.alarm_reconcile_keep: Callable[[str], bool] | None = None
         self._clock = clock
         self._log = log if log is not None else get_logger("rackplane.io.mqtt", daemon=daemon)
         self._password = secret_from_env(settings.password_env)
@@ -353,7 +367,7 @@ class MqttLink(_Queues):
         s = self.settings
         v5 = s.protocol == "5"
         will = aiomqtt.Will(
-            topic=self.topics.status,
+            topic=self.status_topic,
             payload=encode_json(self._status_payload("offline", None, online_since_ns=attempt_ns)),
             qos=1,
             retain=True,
@@ -484,7 +498,10 @@ class MqttLink(_Queues):
         self._subscribed = []
         self._stats.connected = False
         self._stats.last_disconnect_mono = self._clock.monotonic()
-        self._log.info("mqtt_disconnected", reason=reason)
+        if reason == "stopped":
+            self._log.info("mqtt_disconnected", reason=reason)
+        else:  # the broker is lost: state, alarms and commands stop until it is back
+            self._log.warning("mqtt_disconnected", reason=reason)
 
     async def _watch(self, conn: _Conn) -> None:
         """Return when the connection is lost (aiomqtt's iterator raises on disconnect; it
@@ -546,7 +563,8 @@ class MqttLink(_Queues):
         await self._sync_subscriptions(conn)
         if self.announce:
             await self._publish_status(conn, "online")
-            await self._reconcile_alarms(conn)
+            if self.instance is None:
+                await self._reconcile_alarms(conn)
         for thing in self._state:
             self._state_dirty[thing] = None
         for alarm_id in self._alarms:
@@ -556,6 +574,9 @@ class MqttLink(_Queues):
         if self._telemetry_dropping:
             self._log.info("mqtt_telemetry_dropped_total", telemetry_dropped=dropped)
         while True:
+            if self._reconcile_wanted and self.announce:
+                self._reconcile_wanted = False
+                await self._reconcile_alarms(conn)
             if any(f not in conn.attempted for f in self._subs):
                 await self._sync_subscriptions(conn)
             batch = self._next_batch()
@@ -564,9 +585,17 @@ class MqttLink(_Queues):
                     await asyncio.sleep(_FAILED_BATCH_PAUSE_S)
                 continue
             self._wake.clear()
-            if self._has_pending() or any(f not in conn.attempted for f in self._subs):
+            if (self._has_pending() or self._reconcile_wanted
+                    or any(f not in conn.attempted for f in self._subs)):
                 continue
             await self._wake.wait()
+
+    def request_alarm_reconcile(self) -> None:
+        """Reconcile the retained alarms (`_reconcile_alarms`) once, now if connected, else
+        after the next connect: a pair's instance that became active clears what the old
+        active left raised and it does not hold (issue 15)."""
+        self._reconcile_wanted = True
+        self._wake.set()
 
     async def _reconcile_alarms(self, conn: _Conn) -> None:
         """Clear every retained ``<base>/alarm/<id>`` this link does not hold (stale, from an
@@ -590,7 +619,9 @@ class MqttLink(_Queues):
             seen = set(self._alarm_scan)
         finally:
             self._alarm_scan = None
-        stale = sorted(t for t in seen if t.rsplit("/", 1)[-1] not in self._alarms)
+        keep = self.alarm_reconcile_keep
+        stale = sorted(t for t in seen if t.rsplit("/", 1)[-1] not in self._alarms
+                       and not (keep is not None and keep(t.rsplit("/", 1)[-1])))
         for topic in stale:
             self._log.warning("mqtt_stale_alarm_cleared", topic=topic,
                               note="retained alarm not held by this daemon: cleared")

@@ -12,7 +12,7 @@ import enum
 import inspect
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -184,6 +184,8 @@ class _Queues:
     daemon: str
     identity: Identity
     client_id: str
+    instance: str | None
+    status_topic: str
     _online_since_ns: int | None
 
     async def _publish_raw(
@@ -305,6 +307,17 @@ class _Queues:
         self._alarm_dirty[alarm_id] = None
         self._wake.set()
 
+    def forget_held(self, keep_state: Collection[str] = ()) -> None:
+        """Forget the state things (but ``keep_state``) and alarms held for re-publication
+        after a connect, without publishing anything: a pair's instance turned standby must
+        not re-publish, on its next connect, retained topics the active instance now owns
+        (issue 15)."""
+        for thing in [t for t in self._state if t not in keep_state]:
+            del self._state[thing]
+            self._state_dirty.pop(thing, None)
+        self._alarms.clear()
+        self._alarm_dirty.clear()
+
     def publish_telemetry(self, thing: str, payload: Mapping[str, Any] | Sequence[Any]) -> None:
         """Queue ``telemetry/<thing>`` (QoS 0, not retained). Batch samples into fewer,
         larger messages (TEST-SERVERS.md). While the queue holds ``telemetry_queue_max``
@@ -324,7 +337,9 @@ class _Queues:
         user: str | None = None,
         verb: str | None = None,
     ) -> str:
-        """Queue the reply to a command (QoS 1, not retained) and return its topic.
+        """Queue the reply to a command (not retained) and return its topic. Its QoS is
+        ``min(1, request.qos)``: never above the request's (a QoS 0 request gets a QoS 0
+        reply).
 
         MQTT v5 path: the request's Response Topic, with its Correlation Data. Otherwise (3.1.1,
         or a response topic that is not a valid topic) ``cmd/<user>/<verb>/result``; user and
@@ -351,7 +366,8 @@ class _Queues:
                 user = user or parsed[0]
                 verb = verb or parsed[1]
             topic = self.topics.cmd_result(user, verb)
-        out = _Out(topic, data, qos=1, correlation_data=request.correlation_data)
+        qos = 1 if request.qos >= 1 else 0
+        out = _Out(topic, data, qos=qos, correlation_data=request.correlation_data)
         self._push_bounded(self._outbox, out, self.settings.outbox_max, _Kind.OUTBOX)
         self._wake.set()
         return topic
@@ -419,7 +435,7 @@ class _Queues:
         since = self._clock.wall_ns()
         data = encode_json(self._status_payload(status, since))
         try:
-            await self._publish_raw(conn, self.topics.status, data, 1, True)
+            await self._publish_raw(conn, self.status_topic, data, 1, True)
         except _PublishRefused as err:
             self._refused_once(err)
             return
@@ -431,7 +447,7 @@ class _Queues:
         """The ``status`` JSON. For the Will, ``since_ns`` is None (the broker publishes it
         when it notices; the daemon cannot know when) and ``online_since_ns`` is when the
         connection that died was made."""
-        return {
+        out: dict[str, Any] = {
             "status": status,
             "daemon": self.daemon,
             "site": self.identity.site,
@@ -441,6 +457,9 @@ class _Queues:
             "since_ns": since_ns,
             "online_since_ns": online_since_ns or self._online_since_ns,
         }
+        if self.instance is not None:
+            out["instance"] = self.instance
+        return out
 
     # --- internals: sending ---------------------------------------------------------------
 

@@ -19,6 +19,7 @@ __all__ = [
     "LOCK_FILE",
     "REPLAY_CURSOR_FILE",
     "Cursor",
+    "SpoolLockedError",
     "SpoolStats",
     "SpoolWriteError",
     "segment_name",
@@ -87,6 +88,15 @@ class SpoolWriteError(SpoolError):
 
     def __init__(self, message: str, lines_written: int):
         self.lines_written = lines_written
+        super().__init__(message)
+
+
+class SpoolLockedError(SpoolError):
+    """The spool folder's lock is held by another process (``owner``: its pid as written in
+    the lock file, or "unknown")."""
+
+    def __init__(self, message: str, owner: str):
+        self.owner = owner
         super().__init__(message)
 
 

@@ -66,7 +66,7 @@ class _SpoolFiles:
             names = os.listdir(self.directory)
         except OSError as err:
             raise SpoolError(f"cannot list spool folder {self.directory}: {err}") from None
-        return sorted(int(m.group(1)) for n in names if (m := _SEGMENT_RE.match(n)))
+        return sorted(int(m.group(1)) for n in names if (m := _SEGMENT_RE.fullmatch(n)))
 
     def _path(self, sid: int) -> Path:
         return self.directory / segment_name(sid)

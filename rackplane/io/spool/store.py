@@ -26,6 +26,7 @@ from rackplane.io.spool.format import (
     HEADER_LEN,
     LOCK_FILE,
     Cursor,
+    SpoolLockedError,
     SpoolWriteError,
     _cursor_crc,
     _LastRead,
@@ -35,7 +36,7 @@ from rackplane.io.spool.reading import _SpoolFiles
 from rackplane.log import get_logger
 from rackplane.settings import SpoolSettings
 
-__all__ = ["Spool", "check_format", "check_spool_config"]
+__all__ = ["Spool", "check_format", "check_lock", "check_spool_config"]
 
 
 class Spool(_SpoolFiles):
@@ -112,7 +113,14 @@ class Spool(_SpoolFiles):
 
     @classmethod
     def from_settings(cls, settings: SpoolSettings, **kwargs: Any) -> Spool:
-        """A writable spool as configured (`SpoolSettings`)."""
+        """A writable spool as configured (`SpoolSettings`; its folder resolved, see
+        `rackplane.settings.effective_spool`).
+
+        Raises:
+            SpoolError: as the constructor; the folder unset.
+        """
+        if settings.directory is None:
+            raise SpoolError("spool.directory unset: resolve it with effective_spool first")
         return cls(
             settings.directory,
             max_bytes=settings.max_bytes,
@@ -180,9 +188,9 @@ class Spool(_SpoolFiles):
             except OSError:
                 owner = "unknown"
             os.close(fd)
-            raise SpoolError(
+            raise SpoolLockedError(
                 f"spool {self.directory} is in use by another process (pid {owner}); "
-                "one writer per spool folder"
+                "one writer per spool folder", owner
             ) from None
         try:
             os.ftruncate(fd, 0)
@@ -527,15 +535,51 @@ def check_format(directory: Path) -> None:
         sp.close()
 
 
+def check_lock(directory: Path) -> None:
+    """Check that no other process holds the spool in ``directory`` (for ``--check-config``):
+    takes and at once releases a shared lock on its lock file; creates nothing. A lock this
+    process holds (its pid in the lock file: a reload re-checking the config) is fine.
+
+    Raises:
+        SpoolLockedError: another process (a running daemon) holds it.
+    """
+    path = Path(directory) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # no lock file (or unreadable: the open for writing will say so)
+    try:
+        try:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        except OSError:
+            owner = "unknown"
+        if owner == str(os.getpid()):
+            return  # this process's own writer (a reload re-checks the config)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            raise SpoolLockedError(
+                f"spool {directory} is in use by another process (pid {owner}): another "
+                "daemon for the same spool folder is running (one writer per spool folder; "
+                "leave spool.directory unset for a folder per daemon and rack, or give each "
+                "daemon its own). Expected only if pid "
+                f"{owner} is this daemon's running instance", owner) from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def check_spool_config(key: str, directory: Path) -> None:
-    """`check_format` for config loading (``--check-config``): one line in a daemon's loader,
-    ``check_spool_config("spool.directory", effective_spool(cfg.spool).directory)``.
+    """`check_format` and `check_lock` for config loading (``--check-config``): one line in a
+    daemon's loader, ``check_spool_config("spool.directory", effective_spool(cfg.spool,
+    daemon=..., identity=cfg.identity).directory)``.
 
     Raises:
         ConfigError: naming ``key``, with the `SpoolError`'s message.
     """
     try:
         check_format(directory)
+        check_lock(directory)
     except SpoolError as err:
         msg = f"{key}: {err}"
         raise ConfigError(f"invalid configuration:\n  {msg}", problems=[msg]) from None

@@ -10,10 +10,11 @@ Three parts:
   ``<field>_quality`` instead).
 - `TelemetryWriter`: ``write()`` is synchronous and cheap (one ``Point``, ~10-20 µs); lines wait
   in memory at most ``spool.append_interval_s`` (default 100 ms) and are then appended to the
-  `rackplane.io.spool.Spool` in one ``os.write``. ``run()`` drains the spool to the InfluxDB v2
-  write API in batches, with the synchronous ``WriteApi`` in a daemon thread (never the
-  batching API: BR-18), so the event loop never waits on the network and a hung request never
-  holds up the process exit.
+  `rackplane.io.spool.Spool` in one ``os.write``. ``run()`` drains the spool to InfluxDB in
+  batches, through the v2 write API (``/api/v2/write``) or, with ``tsdb.api = "v1"``, the 1.x
+  one (``/write?db=&rp=&precision=ns``, HTTP Basic auth when a user is set), each request
+  made synchronously in a daemon thread (never the batching API: BR-18), so the event loop
+  never waits on the network and a hung request never holds up the process exit.
 - `replay()` sends a spool or embedded store to an InfluxDB later (``rackctl replay``).
 
 Delivery semantics (what a test can check):
@@ -27,7 +28,8 @@ Delivery semantics (what a test can check):
   (same series and timestamp) once; VictoriaMetrics keeps both unless deduplication is on.
 - Outcomes of a batch: 2xx → acked. 400/422 (e.g. "field type conflict", BR-19) → dropped,
   counted in ``rejected`` and logged with the field and line the server named; never retried
-  (InfluxDB has stored the valid lines of a partial write). 413 → the batch is halved until it
+  (InfluxDB has stored the valid lines of a partial write: when its answer says
+  ``dropped=N``, N lines count as rejected and the rest as sent). 413 → the batch is halved until it
   fits; a single line that is still too large is rejected. 401/403 (and any other 4xx, e.g.
   404 bucket not found) → a configuration problem: logged loudly, data kept, retried with
   backoff. 429, 5xx, connection errors and timeouts → data kept, retried with capped
@@ -35,10 +37,12 @@ Delivery semantics (what a test can check):
   ``Retry-After`` honoured up to the cap). The writer never gives up: the spool bound is the
   only limit.
 
-Timestamps: ``clock.wall_ns()`` unless given. A timestamp outside 2020-01-01 .. 2100-01-01 (an
-unsynchronised clock at boot, or a unit mistake) is counted in ``ts_out_of_window`` and logged
-when that state changes; the line is still spooled as it is (the value is real; only its time
-is doubtful, and a later fix can be made from the log).
+Timestamps: ``clock.wall_ns()`` unless given. A timestamp outside 2020-01-01 .. 2100-01-01 (a
+unit mistake such as seconds for ns, or an unsynchronised clock at boot) is never written as
+it is, on every path into the spool and the database (``write``, lines read back from a spool
+an older version wrote, ``replay``): restamped with its arrival time (default) or dropped,
+per ``tsdb.ts_out_of_window``; counted in ``ts_out_of_window`` and logged when that state
+changes (`rackplane.io.tsdb.timestamps`).
 
 I/O pacing (append interval, fsync interval, backoff, stop budget) uses the event loop's time,
 the clock ``asyncio.sleep`` and timeouts run on; the injected clock gives the timestamps.
@@ -52,12 +56,15 @@ client (``InfluxDBClientAsync``) would need aiohttp, not installed; the thread i
 
 from rackplane.io.tsdb import influx as _influx
 from rackplane.io.tsdb import replay as _replay
+from rackplane.io.tsdb import timestamps as _timestamps
 from rackplane.io.tsdb import writer as _writer
 from rackplane.io.tsdb.influx import *  # noqa: F403 (the package's public names: its modules' __all__)
 from rackplane.io.tsdb.replay import *  # noqa: F403 (the package's public names: its modules' __all__)
+from rackplane.io.tsdb.timestamps import *  # noqa: F403 (the package's public names: its modules' __all__)
 from rackplane.io.tsdb.writer import *  # noqa: F403 (the package's public names: its modules' __all__)
 
 __all__: list[str] = []
 __all__ += _influx.__all__
 __all__ += _replay.__all__
+__all__ += _timestamps.__all__
 __all__ += _writer.__all__

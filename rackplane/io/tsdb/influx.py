@@ -1,8 +1,14 @@
-"""Line protocol and the InfluxDB v2 write API: the only module importing influxdb-client.
+"""Line protocol and the InfluxDB write APIs: the only module importing influxdb-client.
 
 `point_line` builds one line with ``influxdb_client.Point`` (escaping is the library's, never
 string formatting: FIELD-CASES BR-21); `classify_status` sorts a write's outcome; `_Sender`
-runs the synchronous ``WriteApi`` in a daemon thread (never the batching API: BR-18). The
+sends a batch in a daemon thread: to the v2 API (``POST /api/v2/write``) with the synchronous
+``WriteApi`` (never the batching API: BR-18), or to the 1.x API (``POST /write?db=&rp=
+&precision=ns``, ``tsdb.api = "v1"``) with the same client's HTTP layer (``ApiClient.call_api``:
+the same connection pool, TLS settings, timeouts and ``ApiException``). influxdb-client has no
+1.x write of its own: its "v1 compatibility" is ``/api/v2/write`` with ``db/rp`` as the bucket,
+which only InfluxDB 1.8+ answers (Debian's 1.6 answers 404). Authentication on 1.x is HTTP
+Basic (``username`` + the password from ``password_env``), never the password in the URL. The
 delivery rules are the `rackplane.io.tsdb` docstring's.
 """
 
@@ -23,6 +29,7 @@ from influxdb_client import InfluxDBClient, Point, WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
 from influxdb_client.rest import ApiException
 
+from rackplane.config import secret_from_env
 from rackplane.settings import TsdbSettings
 
 __all__ = [
@@ -38,6 +45,7 @@ __all__ = [
     "classify_status",
     "line_measurement",
     "point_line",
+    "sender_secret",
 ]
 
 TS_MIN_NS = 1_577_836_800 * 10**9
@@ -226,26 +234,46 @@ class SendOutcome:
 
     Attributes:
         kind: ``ok`` (2xx), ``reject`` (400/422: drop, never retry), ``too_large`` (413: split),
-            ``config`` (401/403/other 4xx: keep, back off, log loudly), ``retry`` (429, 5xx,
-            connection error, timeout: keep, back off).
+            ``config`` (401/403/other 4xx, and 1.x's 500 "retention policy not found": keep,
+            back off, log loudly), ``retry`` (429, other 5xx, connection error, timeout: keep,
+            back off).
         status: HTTP status, or None when no response arrived.
         message: the server's message (from its JSON body when it has one) or the exception.
         retry_after_s: the ``Retry-After`` header in s, when given.
+        dropped: for ``reject``, the lines the server says it dropped (``dropped=N`` of a
+            partial write: it stored the others); None when it does not say.
     """
 
     kind: OutcomeKind
     status: int | None = None
     message: str = ""
     retry_after_s: float | None = None
+    dropped: int | None = None
+
+    def dropped_of(self, n: int) -> int:
+        """Lines of a rejected batch of ``n`` that were not stored: the server's
+        ``dropped=N`` when it gave one within 1..n, else all ``n``."""
+        if self.dropped is not None and 0 < self.dropped <= n:
+            return self.dropped
+        return n
+
+
+_DROPPED_RE = re.compile(r"\bdropped=(\d+)")
+_CONFIG_500_RE = re.compile(r"^(retention policy|database) not found")
 
 
 def classify_status(status: int, body: str, retry_after: str | None = None) -> SendOutcome:
-    """Classify an HTTP error answer of ``/api/v2/write`` (see the module docstring)."""
+    """Classify an HTTP error answer of ``/api/v2/write`` or 1.x ``/write`` (see the module
+    docstring). The message is the JSON body's ``message`` (v2) or ``error`` (1.x), else the
+    body; a partial write's ``dropped=N`` is kept in ``dropped``."""
     message = body
     try:
         data = json.loads(body)
-        if isinstance(data, dict) and "message" in data:
-            message = str(data["message"])
+        if isinstance(data, dict):
+            for key in ("message", "error"):
+                if key in data:
+                    message = str(data[key])
+                    break
     except ValueError:
         pass
     ra: float | None = None
@@ -261,11 +289,21 @@ def classify_status(status: int, body: str, retry_after: str | None = None) -> S
         kind = "reject"
     elif status == 413:
         kind = "too_large"
+    elif _CONFIG_500_RE.search(message):
+        kind = "config"  # 1.x answers 500 to a write naming a retention policy it lacks
     elif status == 429 or status >= 500:
         kind = "retry"
     else:
         kind = "config"  # 401, 403, 404 (bucket not found), 405, ...; 0: TLS failure
-    return SendOutcome(kind, status, message[:2000], ra)
+    dropped: int | None = None
+    if kind == "reject":
+        # 1.x: "partial write: unable to parse '<line>': ... dropped=0": the unparsable lines
+        # are not in its dropped count
+        dm = _DROPPED_RE.search(message)
+        unparsable = message.count("unable to parse '")
+        if dm or unparsable:
+            dropped = (int(dm.group(1)) if dm else 0) + unparsable
+    return SendOutcome(kind, status, message[:2000], ra, dropped)
 
 
 def _start_thread(fn: Callable[[], _T]) -> asyncio.Future[_T]:
@@ -298,31 +336,63 @@ def _start_thread(fn: Callable[[], _T]) -> asyncio.Future[_T]:
     return fut
 
 
-class _Sender:
-    """influxdb-client's synchronous v2 write API, classified, run off the event loop."""
+def sender_secret(tsdb: TsdbSettings) -> str | None:
+    """The secret the sender needs: the v2 token (``token_env``) or the 1.x password
+    (``password_env``).
 
-    def __init__(self, tsdb: TsdbSettings, token: str | None):
+    Raises:
+        ConfigError: the variable named is not set.
+    """
+    return secret_from_env(tsdb.password_env if tsdb.api == "v1" else tsdb.token_env)
+
+
+class _Sender:
+    """One batch per request to the v2 or 1.x write API (``tsdb.api``), classified, run off
+    the event loop. ``secret``: the v2 token or the 1.x password (`sender_secret`)."""
+
+    def __init__(self, tsdb: TsdbSettings, secret: str | None):
         assert tsdb.url is not None
         self._tsdb = tsdb
+        if tsdb.api == "v1":
+            # HTTP Basic when a user is configured (the client encodes "user:password");
+            # "" sends no Authorization header (a 1.x server without auth).
+            auth = f"{tsdb.username}:{secret or ''}" if tsdb.username else ""
+            kw: dict[str, Any] = {"token": auth, "auth_basic": bool(auth)}
+            query: list[tuple[str, str]] = [("db", tsdb.database)]
+            if tsdb.retention_policy:
+                query.append(("rp", tsdb.retention_policy))
+            query.append(("precision", "ns"))
+            self._v1_query: list[tuple[str, str]] | None = query
+        else:
+            kw = {"token": secret or ""}  # "" sends no Authorization header
+            self._v1_query = None
         # retries=False: no urllib3 retries behind our back; our backoff decides.
         self._client = InfluxDBClient(
-            url=tsdb.url,
-            token=token or "",  # "" sends no Authorization header
-            org=tsdb.org,
-            timeout=int(tsdb.timeout_s * 1000),
-            retries=False,
+            url=tsdb.url, org=tsdb.org, timeout=int(tsdb.timeout_s * 1000), retries=False, **kw
         )
         self._api = self._client.write_api(write_options=SYNCHRONOUS)
+
+    def _write(self, body: str) -> None:
+        if self._v1_query is None:
+            self._api.write(
+                bucket=self._tsdb.bucket,
+                org=self._tsdb.org,
+                record=body,
+                write_precision=WritePrecision.NS,  # type: ignore[arg-type]
+            )
+            return
+        self._client.api_client.call_api(
+            "/write", "POST", query_params=list(self._v1_query),
+            header_params={"Content-Type": "text/plain; charset=utf-8",
+                           "Accept": "application/json"},
+            body=body, auth_settings=[], response_type=None, _return_http_data_only=True,
+            collection_formats={},
+        )
 
     def post(self, lines: Sequence[str]) -> SendOutcome:
         """Send one batch (blocking; runs in a thread). Never raises."""
         try:
-            self._api.write(
-                bucket=self._tsdb.bucket,
-                org=self._tsdb.org,
-                record="\n".join(lines),
-                write_precision=WritePrecision.NS,  # type: ignore[arg-type]
-            )
+            self._write("\n".join(lines))
         except ApiException as exc:
             body = exc.body
             text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rackplane.config import secret_from_env
+from rackplane.clock import SYSTEM_CLOCK, Clock
 from rackplane.errors import ConfigError
 from rackplane.io.spool import REPLAY_CURSOR_FILE, Spool
-from rackplane.io.tsdb.influx import _backoff_s, _rejection_details, _Sender
+from rackplane.io.tsdb.influx import _backoff_s, _rejection_details, _Sender, sender_secret
+from rackplane.io.tsdb.timestamps import TimestampGuard
 from rackplane.log import get_logger
 from rackplane.settings import TsdbSettings
 
@@ -35,6 +36,9 @@ class ReplayResult:
         complete: everything was sent (or rejected).
         error: why the replay stopped early (configuration error, gave up), else None.
         elapsed_s: wall duration.
+        ts_restamped, ts_dropped: lines whose timestamp was outside 2020..2100 (spooled by
+            an older version), given the replay's wall time or dropped per
+            ``tsdb.ts_out_of_window``; never sent as they were.
     """
 
     sent_lines: int = 0
@@ -45,6 +49,8 @@ class ReplayResult:
     complete: bool = False
     error: str | None = None
     elapsed_s: float = 0.0
+    ts_restamped: int = 0
+    ts_dropped: int = 0
 
 
 async def replay(
@@ -54,6 +60,7 @@ async def replay(
     from_start: bool = True,
     progress: Callable[[ReplayResult], object] | None = None,
     log: Any = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> ReplayResult:
     """Send a spool or embedded store in ``spool_dir`` to the InfluxDB of ``tsdb``.
 
@@ -65,21 +72,25 @@ async def replay(
     Outcomes per batch as in the writer (400/422 dropped and counted, 413 split); a
     configuration error (401/403/404) stops at once; retryable errors back off and the replay
     gives up after ``tsdb.replay_give_up_s`` without progress. ``progress`` is called after
-    every batch with the running totals (the same `ReplayResult` object).
+    every batch with the running totals (the same `ReplayResult` object). A line whose
+    timestamp is outside 2020..2100 is restamped with ``clock.wall_ns()`` or dropped
+    (``tsdb.ts_out_of_window``; `rackplane.io.tsdb.timestamps`), never sent as it is.
 
     Raises:
-        ConfigError: ``tsdb.url`` is None, or ``token_env`` names an unset variable.
+        ConfigError: ``tsdb.url`` is None, or ``token_env`` (v2) / ``password_env`` (v1)
+            names an unset variable.
         SpoolError: no spool there, or one of another format version.
     """
     if tsdb.url is None:
         raise ConfigError("replay needs tsdb.url (the InfluxDB to send the spool to)")
     log = log if log is not None else get_logger("rackplane.io.tsdb")
-    token = secret_from_env(tsdb.token_env)
+    secret = sender_secret(tsdb)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     spool = Spool(spool_dir, readonly=True, cursor_file=REPLAY_CURSOR_FILE, log=log)
-    sender = _Sender(tsdb, token)
+    sender = _Sender(tsdb, secret)
     result = ReplayResult()
+    guard = TimestampGuard(tsdb.ts_out_of_window, log)
     try:
         if from_start:
             spool.reset_to_start()
@@ -89,6 +100,8 @@ async def replay(
         last_progress = loop.time()
         while True:
             lines, cur = spool.read(limit)
+            lines = guard.fix_lines(lines, clock.wall_ns(), "replay")
+            result.ts_restamped, result.ts_dropped = guard.restamped, guard.dropped
             if not lines:
                 if cur != spool.cursor:
                     spool.ack(cur)
@@ -104,11 +117,13 @@ async def replay(
                     result.sent_lines += len(lines)
                     limit = min(tsdb.batch_lines, limit * 2)
                 else:
-                    result.rejected_lines += len(lines)
+                    lost = outcome.dropped_of(len(lines))  # a partial write stored the rest
+                    result.rejected_lines += lost
+                    result.sent_lines += len(lines) - lost
                     log.error(
                         "tsdb_batch_rejected",
                         status=outcome.status,
-                        lines_dropped=len(lines),
+                        lines_dropped=lost,
                         message=outcome.message[:500],
                         retried=False,
                         **_rejection_details(outcome.message, lines),

@@ -9,18 +9,16 @@ import contextlib
 import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rackplane.clock import Clock
-from rackplane.config import secret_from_env
 from rackplane.core.samples import Sample
 from rackplane.errors import SpoolError
-from rackplane.io.spool import Cursor, Spool, SpoolWriteError
+from rackplane.io.spool import Cursor, Spool, SpoolLockedError, SpoolWriteError
 from rackplane.io.tsdb.influx import (
     EVENT_MEASUREMENTS,
     EVENT_MEMORY_FACTOR,
-    TS_MAX_NS,
-    TS_MIN_NS,
     FieldValue,
     LineCounters,
     SendOutcome,
@@ -31,7 +29,10 @@ from rackplane.io.tsdb.influx import (
     check_tags,
     line_measurement,
     point_line,
+    sender_secret,
 )
+from rackplane.io.tsdb.stats import TelemetryStats
+from rackplane.io.tsdb.timestamps import TimestampGuard
 from rackplane.log import get_logger
 from rackplane.settings import SpoolSettings, TsdbSettings
 
@@ -39,63 +40,6 @@ __all__ = ["TelemetryStats", "TelemetryWriter"]
 
 _APPEND_NOW_LINES = 2000  # write() appends at once past this many waiting lines
 _SPOOL_REOPEN_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class TelemetryStats:
-    """A snapshot of the telemetry path (lines are points).
-
-    Attributes:
-        spooled: lines appended to the spool by this process.
-        sent: lines the database accepted (2xx).
-        rejected: lines the database refused as invalid (400/422, or 413 for a single line):
-            dropped, logged, never retried.
-        dropped: lines lost otherwise: ``dropped_by_bound + dropped_memory + dropped_closed
-            + dropped_events``.
-        dropped_by_bound: unacked lines removed by the spool bound (embedded mode: rotation).
-        dropped_memory: telemetry lines dropped because the spool could not be written and
-            memory was full (oldest first; event lines are kept, see `EVENT_MEASUREMENTS`).
-        dropped_closed: lines written after ``close()``.
-        depth_lines: lines waiting (memory + spool).
-        depth_bytes: spool bytes waiting.
-        pending_memory: lines in memory, not yet spooled.
-        retries: failed attempts that will be retried (retryable and configuration errors).
-        last_error: the last send or spool error, or None.
-        last_success_wall_ns: wall time of the last accepted batch, or None.
-        omitted_fields: None/NaN/Inf values not written (their ``_quality`` is).
-        empty_points: points with no field left.
-        ts_out_of_window: lines whose timestamp was outside 2020..2100 (spooled anyway).
-        spool_errors: spool failures (disk full, unwritable).
-        spool_ok: the spool is open and its last append worked.
-        segments: spool segment files.
-        backoff_s: the current retry delay (0 when healthy).
-        batch_limit: the current batch size (smaller than ``batch_lines`` after a 413).
-        dropped_events: event lines (alarms, command audits) dropped because events alone
-            exceeded ``EVENT_MEMORY_FACTOR`` x ``memory_max_lines`` in memory.
-    """
-
-    spooled: int
-    sent: int
-    rejected: int
-    dropped: int
-    dropped_by_bound: int
-    dropped_memory: int
-    dropped_closed: int
-    depth_lines: int
-    depth_bytes: int
-    pending_memory: int
-    retries: int
-    last_error: str | None
-    last_success_wall_ns: int | None
-    omitted_fields: int
-    empty_points: int
-    ts_out_of_window: int
-    spool_errors: int
-    spool_ok: bool
-    segments: int
-    backoff_s: float
-    batch_limit: int
-    dropped_events: int = 0
 
 
 @dataclass(slots=True)
@@ -122,12 +66,18 @@ class TelemetryWriter:
 
     Raises:
         ValueError: an empty or invalid identity tag.
-        ConfigError: ``tsdb.token_env`` names an unset variable.
+        ConfigError: ``tsdb.token_env`` (v2) or ``tsdb.password_env`` (v1) names an unset
+            variable.
 
-    A spool that cannot be opened (unwritable folder, another format version, held by another
-    process) does not raise: the error is logged and counted, lines wait in memory (bounded by
-    ``memory_max_lines``) and, with a database, are sent straight from memory; opening is
-    retried every 5 s.
+    A spool that cannot be opened (unwritable folder, another format version) does not raise:
+    the error is logged and counted, lines wait in memory (bounded by ``memory_max_lines``)
+    and, with a database, are sent straight from memory; opening is retried every 5 s. A spool
+    folder held by another process (two daemons configured with one folder) would lose this
+    process's lines at stop: the writer takes the first free fallback folder beside it
+    (``<folder>.2`` .. ``<folder>.9``), logs it (``telemetry_spool_in_use_fallback``, error)
+    and reports it in ``stats.spool_fallback`` (the ``telemetry_spool_failed`` alarm); the
+    fallback is drained like the spool, and what is left in it at stop is sent by the next
+    writer that takes it or by ``rackctl replay``.
     """
 
     def __init__(
@@ -145,11 +95,12 @@ class TelemetryWriter:
         self._log = log if log is not None else get_logger("rackplane.io.tsdb")
         check_tags(identity_tags)
         self._identity = dict(identity_tags)
-        token = secret_from_env(tsdb.token_env)
-        self._sender = _Sender(tsdb, token) if tsdb.url else None
+        secret = sender_secret(tsdb)
+        self._sender = _Sender(tsdb, secret) if tsdb.url else None
         self._counters = LineCounters()
         self._pending: list[str] = []
         self._spool: Spool | None = None
+        self._fallback: Path | None = None
         self._spool_failing = False
         self._spool_error: str | None = None
         self._spool_errors = 0
@@ -163,8 +114,8 @@ class TelemetryWriter:
         self._retries = 0
         self._last_error: str | None = None
         self._last_success_wall_ns: int | None = None
-        self._ts_bad = 0
-        self._ts_state_bad = False
+        self._ts = TimestampGuard(tsdb.ts_out_of_window, self._log,
+                                  max_held=spool.memory_max_lines)
         self._attempt = 0
         self._backoff = 0.0
         self._next_attempt_at = 0.0
@@ -204,15 +155,25 @@ class TelemetryWriter:
                 self._log.warning("telemetry_write_after_close", measurement=measurement)
             return False
         merged = self._merge_tags(tags)
+        now = self._clock.wall_ns()
         if ts_ns is None:
-            ts_ns = self._clock.wall_ns()
-        self._check_window(ts_ns)
+            ts_ns = now
+        act = self._ts.action(ts_ns, now, "write")
+        if act == "drop":
+            return False
+        if act == "restamp":
+            ts_ns = now
+        if act != "hold" and self._ts.held:
+            self._pending.extend(self._ts.release(now, self._clock.monotonic()))
         before = len(self._counters.omitted_by_field)
         line = point_line(measurement, merged, fields, ts_ns, int_fields, counters=self._counters)
         if len(self._counters.omitted_by_field) != before:
             self._log_new_omissions()
         if line is None:
             return False
+        if act == "hold":
+            self._ts.hold(line, self._clock.monotonic())
+            return True
         self._pending.append(line)
         if len(self._pending) >= _APPEND_NOW_LINES and not self._spool_failing:
             self._flush_memory()
@@ -254,23 +215,6 @@ class TelemetryWriter:
             merged[k] = v
         return merged
 
-    def _check_window(self, ts_ns: int) -> None:
-        bad = not TS_MIN_NS <= ts_ns < TS_MAX_NS
-        if bad:
-            self._ts_bad += 1
-        if bad != self._ts_state_bad:
-            self._ts_state_bad = bad
-            if bad:
-                self._log.warning(
-                    "telemetry_timestamp_outside_window",
-                    ts_ns=ts_ns,
-                    window="2020-01-01..2100-01-01",
-                    hint="wall clock not synchronised yet, or a unit mistake; lines are "
-                    "spooled with this timestamp and counted in ts_out_of_window",
-                )
-            else:
-                self._log.info("telemetry_timestamp_back_in_window", ts_ns=ts_ns)
-
     def _log_new_omissions(self) -> None:
         for key, n in self._counters.omitted_by_field.items():
             if n == 1:
@@ -282,17 +226,65 @@ class TelemetryWriter:
 
     # --- memory → spool --------------------------------------------------------------------
 
+    @property
+    def spool_directory(self) -> Path | None:
+        """The folder lines are spooled to now: the configured one, or its fallback."""
+        return self._fallback or self._spool_settings.directory
+
     def _open_spool(self) -> None:
         try:
             self._spool = Spool.from_settings(self._spool_settings, log=self._log)
+        except SpoolLockedError as err:
+            self._spool = self._open_fallback(err)
+            if self._spool is None:
+                self._note_spool_error(err)
+                return
         except SpoolError as err:
             self._spool = None
             self._note_spool_error(err)
             return
+        else:
+            self._warn_fallbacks_left()
         if self._spool_failing or self._spool_error:
             self._log.info("telemetry_spool_recovered")
         self._spool_failing = False
         self._spool_error = None
+
+    def _fallbacks(self) -> list[Path]:
+        d = self._spool_settings.directory
+        return [] if d is None else [d.with_name(f"{d.name}.{k}") for k in range(2, 10)]
+
+    def _open_fallback(self, err: SpoolLockedError) -> Spool | None:
+        """The first fallback folder this process can lock, or None (all held, or failing)."""
+        s = self._spool_settings
+        for d in self._fallbacks():
+            try:
+                sp = Spool(d, max_bytes=s.max_bytes, segment_bytes=s.segment_bytes,
+                           log=self._log)
+            except SpoolLockedError:
+                continue
+            except SpoolError as fb_err:
+                if not self._spool_failing:  # once per failing spell (retried every 5 s)
+                    self._log.error("telemetry_spool_fallback_failed", fallback=str(d),
+                                    error=str(fb_err))
+                return None
+            self._fallback = d
+            self._log.error(
+                "telemetry_spool_in_use_fallback", spool=str(s.directory), owner_pid=err.owner,
+                fallback=str(d),
+                fix="two daemons share spool.directory: leave it unset (a folder per daemon "
+                "and rack) or give each its own; lines left in the fallback at stop are sent "
+                "by `rackctl replay " + str(d) + "`")
+            return sp
+        return None
+
+    def _warn_fallbacks_left(self) -> None:
+        for d in self._fallbacks():
+            segs = list(d.glob("seg-*.lp")) if d.is_dir() else []
+            if segs:
+                self._log.warning("telemetry_spool_fallback_left", fallback=str(d),
+                                  segments=len(segs),
+                                  fix=f"send it with `rackctl replay {d}`, then remove it")
 
     def flush_to_spool(self) -> int:
         """Append the lines waiting in memory to the spool now; returns how many remain in
@@ -302,6 +294,9 @@ class TelemetryWriter:
         return len(self._pending)
 
     def _flush_memory(self) -> None:
+        if self._ts.held:
+            self._pending.extend(self._ts.release(self._clock.wall_ns(),
+                                                  self._clock.monotonic()))
         if not self._pending or self._spool is None:
             self._bound_memory()
             return
@@ -489,13 +484,16 @@ class TelemetryWriter:
 
     def _next_batch(self) -> _Batch | None:
         spool = self._spool
-        if spool is not None and spool.depth_lines > 0:
+        while spool is not None and spool.depth_lines > 0:
             try:
                 lines, cur = spool.read(self._batch_limit)
+                # Lines an older version spooled with an out-of-window timestamp.
+                lines = self._ts.fix_lines(lines, self._clock.wall_ns(), "spool")
                 if not lines:
-                    if cur != spool.cursor:
-                        spool.ack(cur)  # step over skipped (corrupt) records
-                    return None
+                    if cur == spool.cursor:
+                        return None
+                    spool.ack(cur)  # step over skipped (corrupt, dropped) records
+                    continue
             except SpoolError as err:
                 self._note_spool_error(err)
                 return None
@@ -540,13 +538,15 @@ class TelemetryWriter:
             self._backoff = 0.0
             self._next_attempt_at = 0.0
         elif outcome.kind == "reject" or (outcome.kind == "too_large" and n == 1):
-            self._rejected += n
+            lost = outcome.dropped_of(n)  # a partial write stored the other lines
+            self._rejected += lost
+            self._sent += n - lost
             self._ack(batch)
             self._last_error = f"HTTP {outcome.status}: {outcome.message[:300]}"
             self._log.error(
                 "tsdb_batch_rejected",
                 status=outcome.status,
-                lines_dropped=n,
+                lines_dropped=lost,
                 message=outcome.message[:500],
                 retried=False,
                 **_rejection_details(outcome.message, batch.lines),
@@ -630,6 +630,7 @@ class TelemetryWriter:
             self._log.exception("telemetry_close_error")
         finally:
             self._closed = True
+            self._ts.drop_held()
             if self._spool is not None:
                 try:
                     if self._spool_failing:
@@ -691,7 +692,8 @@ class TelemetryWriter:
             spooled=self._spooled,
             sent=self._sent,
             rejected=self._rejected,
-            dropped=bound + self._dropped_memory + self._dropped_closed + self._dropped_events,
+            dropped=bound + self._dropped_memory + self._dropped_closed + self._dropped_events
+            + self._ts.dropped,
             dropped_by_bound=bound,
             dropped_memory=self._dropped_memory,
             dropped_closed=self._dropped_closed,
@@ -703,11 +705,15 @@ class TelemetryWriter:
             last_success_wall_ns=self._last_success_wall_ns,
             omitted_fields=self._counters.omitted_fields,
             empty_points=self._counters.empty_points,
-            ts_out_of_window=self._ts_bad,
+            ts_out_of_window=self._ts.out_of_window,
             spool_errors=self._spool_errors,
             spool_ok=self._spool is not None and not self._spool_failing,
+            spool_fallback=str(self._fallback) if self._fallback else None,
             segments=sp.segments if sp else 0,
             backoff_s=self._backoff,
             batch_limit=self._batch_limit,
             dropped_events=self._dropped_events,
+            ts_restamped=self._ts.restamped,
+            ts_dropped=self._ts.dropped,
+            ts_held=len(self._ts.held),
         )

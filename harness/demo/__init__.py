@@ -1,0 +1,74 @@
+"""``rackctl demo``: the main job on embedded defaults, with nothing to install.
+
+Starts, on loopback and free ports:
+1. an MQTT broker: amqtt in this process (MQTT 3.1.1; its logging goes to ``broker.log`` in
+   the run folder, never the console), or the Mosquitto given with --broker;
+2. the rack simulator (``rack-sim run``, real time: the CDU and 8 power shelves on Modbus
+   TCP, the trays' node agents and plant truth on MQTT) for rack ``r12`` at site ``lab``;
+3. racky (the real daemon, as a subprocess) reading the power shelves, publishing the rack's
+   power, lifecycle and budget;
+4. valvey (the real daemon) on the CDU, its feedforward from racky's rack power, its spool in
+   the run folder as the embedded store (no database needed);
+both daemons give the broker user ``operator`` the operator role, and the demo prints the
+broker's address and ready ``rackctl`` lines (a ``rackctl.toml`` in the run folder). It then
+shows a live view, and at the end prints a summary computed from what was recorded (max
+|error| after each load step, settling time, the feedforward source, racky's lifecycle, rack
+power against its budget, alarms, points spooled) and writes a PNG plot, the trace (CSV) and
+the summary (JSON, Markdown) into the run folder.
+"""
+
+from __future__ import annotations
+
+from harness.demo.procs import (
+    BROKER_PROBE_S,
+    DEMO_RACK,
+    DEMO_SITE,
+    OPERATOR,
+    BrokerUnreachable,
+    embedded_broker_problem,
+    probe_broker,
+)
+from harness.demo.record import (
+    EXPECTED_DEMO_ALARMS,
+    FF_SOURCE_NAMES,
+    Recorder,
+    alarm_note,
+    control_mode_from_states,
+)
+from harness.demo.run import DEFAULT_SCENARIO, SPARK, run_demo
+from harness.demo.summary import (
+    BAND_K,
+    DemoSummary,
+    RackySummary,
+    count_spooled,
+    print_summary,
+    summarise,
+    summary_markdown,
+    write_plot,
+)
+
+__all__ = [
+    "BAND_K",
+    "BROKER_PROBE_S",
+    "DEFAULT_SCENARIO",
+    "DEMO_RACK",
+    "DEMO_SITE",
+    "EXPECTED_DEMO_ALARMS",
+    "FF_SOURCE_NAMES",
+    "OPERATOR",
+    "SPARK",
+    "BrokerUnreachable",
+    "DemoSummary",
+    "RackySummary",
+    "Recorder",
+    "alarm_note",
+    "control_mode_from_states",
+    "count_spooled",
+    "embedded_broker_problem",
+    "print_summary",
+    "probe_broker",
+    "run_demo",
+    "summarise",
+    "summary_markdown",
+    "write_plot",
+]

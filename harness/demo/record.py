@@ -1,0 +1,125 @@
+"""What the demo sees on MQTT (`Recorder`) and how the summary names what ran."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rackplane.io.mqtt import Message
+
+__all__ = [
+    "EXPECTED_DEMO_ALARMS",
+    "FF_SOURCE_NAMES",
+    "Recorder",
+    "alarm_note",
+    "control_mode_from_states",
+]
+
+
+@dataclass
+class Recorder:
+    """What the demo saw on MQTT, on the plant's time axis (plant time, s).
+
+    ``alarms``/``alarm_log`` key alarms as ``<daemon>:<alarm id>`` (valvey's and racky's);
+    ``rack`` is racky's latest ``state/rack``, ``rack_power`` its ``state/rack_power``
+    samples (with ``t_s``)."""
+
+    plant_t0_mono: float | None = None  # monotonic time at plant t = 0 (estimated)
+    plant: list[dict[str, Any]] = field(default_factory=list)
+    loop: list[dict[str, Any]] = field(default_factory=list)
+    alarms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    alarm_log: list[tuple[float, str, str]] = field(default_factory=list)
+    health: dict[str, Any] = field(default_factory=dict)
+    valvey_status: str = "?"
+    racky_status: str = "?"
+    rack: dict[str, Any] = field(default_factory=dict)
+    rack_power: list[dict[str, Any]] = field(default_factory=list)
+    commands: list[tuple[float, str, str, str]] = field(default_factory=list)
+    """Commands sent to the daemons during the run: (plant s, daemon, user, verb)."""
+
+    def plant_t(self, mono: float) -> float | None:
+        return None if self.plant_t0_mono is None else mono - self.plant_t0_mono
+
+    def on_message(self, msg: Message) -> None:
+        topic = msg.topic
+        try:
+            payload = msg.json() if msg.payload else None
+        except ValueError:
+            return
+        if topic.endswith("/sim/telemetry/plant") and isinstance(payload, dict):
+            t0 = msg.received_mono - float(payload["t_s"])
+            self.plant_t0_mono = t0 if self.plant_t0_mono is None else min(self.plant_t0_mono, t0)
+            self.plant.append(payload)
+        elif topic.endswith("/valvey/state/supply_loop") and isinstance(payload, dict):
+            t = self.plant_t(msg.received_mono)
+            if t is not None:
+                self.loop.append({"t_s": t, **payload})
+        elif topic.endswith("/valvey/state/health") and isinstance(payload, dict):
+            self.health = payload
+        elif topic.endswith("/racky/state/rack") and isinstance(payload, dict):
+            self.rack = payload
+        elif topic.endswith("/racky/state/rack_power") and isinstance(payload, dict):
+            t = self.plant_t(msg.received_mono)
+            if t is not None:
+                self.rack_power.append({"t_s": t, **payload})
+        elif topic.endswith("/status") and isinstance(payload, dict):
+            status = str(payload.get("status", "?"))
+            if topic.endswith("/valvey/status"):
+                self.valvey_status = status
+            elif topic.endswith("/racky/status"):
+                self.racky_status = status
+        elif "/cmd/" in topic:  # <daemon>/cmd/<user>/<verb>: what an operator asked
+            head, _, tail = topic.partition("/cmd/")
+            user, _, verb = tail.partition("/")
+            if verb and "/" not in verb:
+                t = self.plant_t(msg.received_mono) or 0.0
+                self.commands.append((t, head.rsplit("/", 1)[-1], user, verb))
+        elif "/alarm/" in topic:
+            daemon = topic.split("/alarm/", 1)[0].rsplit("/", 1)[-1]
+            key = f"{daemon}:{topic.rsplit('/', 1)[-1]}"
+            t = self.plant_t(msg.received_mono) or 0.0
+            if payload:
+                if key not in self.alarms:
+                    self.alarm_log.append((t, key, "raised"))
+                self.alarms[key] = payload
+            elif key in self.alarms:
+                self.alarms.pop(key)
+                self.alarm_log.append((t, key, "cleared"))
+
+
+FF_SOURCE_NAMES = {
+    "rack_power": "racky's rack power",
+    "heat_removed": "the CDU's heat removed (racky's rack power missing or stale)",
+}
+"""How the summary names valvey's feedforward sources (valvey.core.feedforward.FfSource)."""
+
+EXPECTED_DEMO_ALARMS: dict[str, str] = {}
+"""Alarms (``<daemon>:<id>``) the demo's set-up raises by design, with the note the summary
+prints beside them (none: racky runs in the demo, so valvey's feedforward has its primary
+source)."""
+
+
+def control_mode_from_states(loop: Sequence[Mapping[str, Any]]) -> str:
+    """The control mode that actually ran, from valvey's ``state/supply_loop`` payloads:
+    ``PI only`` (feedforward off or never had a source), else ``PI + feedforward from
+    <source>`` (several sources joined with "then", in the order first seen)."""
+    sources: list[str] = []
+    enabled = False
+    for r in loop:
+        ff = r.get("feedforward")
+        if not isinstance(ff, dict) or not ff.get("enabled"):
+            continue
+        enabled = True
+        src = ff.get("source")
+        if isinstance(src, str) and src != "none" and src not in sources:
+            sources.append(src)
+    if not sources:
+        return "PI only" + (" (feedforward on but no source)" if enabled else "")
+    return "PI + feedforward from " + " then ".join(FF_SOURCE_NAMES.get(x, x) for x in sources)
+
+
+def alarm_note(alarm_key: str) -> str:
+    """`` (note)`` for an alarm the demo raises by design, else ``""``."""
+    note = EXPECTED_DEMO_ALARMS.get(alarm_key)
+    return f" ({note})" if note else ""

@@ -1,0 +1,324 @@
+"""The demo's summary: step figures, racky's lines, the plot, Markdown and console output.
+
+Every figure is computed from what the run recorded (`harness.demo.record.Recorder`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from harness.demo.record import Recorder
+from sims.metrics import StepMetrics, step_metrics
+from sims.scenario import Scenario
+
+__all__ = [
+    "BAND_K",
+    "DemoSummary",
+    "RackySummary",
+    "count_spooled",
+    "print_summary",
+    "racky_summary",
+    "summarise",
+    "summary_markdown",
+    "write_plot",
+]
+
+BAND_K = 0.5  # REFERENCE §5 S1: back within ±0.5 K
+
+
+@dataclass
+class RackySummary:
+    """racky in the run, from its ``state/rack`` and ``state/rack_power`` (W, plant s)."""
+
+    lifecycle: str | None
+    """The lifecycle state last published (``provisioning`` for a new rack)."""
+    lifecycle_reason: str | None
+    rack_power_max_w: float | None
+    """Peak of ``state/rack_power.rack_power_w`` (all shelves reporting)."""
+    rack_power_samples: int
+    shelves_reporting: str | None
+    """``<reporting>/<configured>`` in the last rack_power sample."""
+    budget_w: float | None
+    limit_w: float | None
+    limit_source: str | None
+    over_limit_s: float
+    """Plant seconds of rack_power samples above ``limit_w`` (1 Hz samples)."""
+    exit_code: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class DemoSummary:
+    scenario: str
+    duration_s: float
+    steps: list[dict[str, Any]]
+    points_spooled: int
+    spool_dir: str
+    valvey_exit_code: int | None
+    alarms_raised: list[str]
+    plot: str | None
+    trace_csv: str
+    run_dir: str
+    max_gpu_tj_c: float | None
+    control_mode: str = "PI control"
+    """What ran, from valvey's own supply_loop state (`control_mode_from_states`)."""
+    broker_problem: str | None = None
+    """Set when the broker was lost during the run (the figures then miss that time)."""
+    ff_source_share: dict[str, float] = field(default_factory=dict)
+    """Share (0..1) of valvey's supply_loop states per feedforward source."""
+    racky: RackySummary | None = None
+    commands: list[str] = field(default_factory=list)
+    """Commands operators sent during the run (``<plant s> <user> → <daemon> <verb>``): the
+    step figures then include their effects, and the summary says so."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def count_spooled(spool_dir: Path) -> int:
+    """Lines (points) in the spool's segment files, header comments excluded."""
+    n = 0
+    for seg in sorted(spool_dir.glob("*.lp")):
+        with seg.open("rb") as fh:
+            n += sum(1 for line in fh if line.strip() and not line.startswith(b"#"))
+    return n
+
+
+def ff_source_share(loop: list[dict[str, Any]]) -> dict[str, float]:
+    """Share of supply_loop states by ``feedforward.source`` (``off`` when disabled)."""
+    counts: dict[str, int] = {}
+    for r in loop:
+        ff = r.get("feedforward")
+        src = "off" if not isinstance(ff, dict) or not ff.get("enabled") else str(
+            ff.get("source"))
+        counts[src] = counts.get(src, 0) + 1
+    n = sum(counts.values())
+    return {k: round(v / n, 3) for k, v in counts.items()} if n else {}
+
+
+def racky_summary(rec: Recorder) -> RackySummary | None:
+    """racky's lines, or None when racky published nothing."""
+    if not rec.rack and not rec.rack_power:
+        return None
+    lc = rec.rack.get("lifecycle") or {}
+    powers = [r["rack_power_w"] for r in rec.rack_power
+              if isinstance(r.get("rack_power_w"), (int, float))]
+    limit = rec.rack.get("limit_w")
+    over = sum(1 for p in powers if isinstance(limit, (int, float)) and p > limit)
+    last = rec.rack_power[-1] if rec.rack_power else {}
+    return RackySummary(
+        lifecycle=lc.get("state"), lifecycle_reason=lc.get("reason"),
+        rack_power_max_w=max(powers) if powers else None, rack_power_samples=len(powers),
+        shelves_reporting=(f"{last.get('shelves_reporting')}/{last.get('shelves_configured')}"
+                           if last else None),
+        budget_w=rec.rack.get("budget_w"), limit_w=limit,
+        limit_source=rec.rack.get("limit_source"), over_limit_s=float(over))
+
+
+def _steps(sc: Scenario) -> list[tuple[str, float, float | None]]:
+    """(label, t0, t1) of the disturbances to score, from the scenario's load timeline."""
+    ld = sc.load
+    if ld.kind == "step" and ld.step_at_s is not None:
+        out = [("load step up", ld.step_at_s, ld.back_at_s)]
+        if ld.back_at_s is not None:
+            out.append(("load step down", ld.back_at_s, None))
+        return out
+    if ld.kind == "timeline" and ld.points:
+        ts = [t for t, _ in ld.points[1:]]
+        return [
+            (f"load change at {t:g} s", t, nxt) for t, nxt in zip(ts, [*ts[1:], None], strict=True)
+        ]
+    return [("whole run", 0.0, None)]
+
+
+def summarise(sc: Scenario, rec: Recorder, end_t: float) -> list[dict[str, Any]]:
+    """Step figures from what valvey published (its process variable) and the plant truth."""
+    t = [r["t_s"] for r in rec.loop]
+    pv = [r.get("supply_temp_c") for r in rec.loop]
+    sp = [r.get("setpoint_c") or sc.plant.supply_setpoint_c for r in rec.loop]
+    tt = [r["t_s"] for r in rec.plant]
+    true = [r["supply_temp_c"] for r in rec.plant]
+    out = []
+    for label, t0, t1 in _steps(sc):
+        if t0 > end_t - 5:  # a step in the last seconds has no response to score yet
+            continue
+        row: dict[str, Any] = {"disturbance": label, "t0_s": t0, "t1_s": t1 if t1 else end_t}
+        for name, ts, vals, sps in (
+            ("valvey_pv", t, pv, sp),
+            ("plant_truth", tt, true, sc.plant.supply_setpoint_c),
+        ):
+            try:
+                m: StepMetrics | None = step_metrics(ts, vals, sps, t0, t1, BAND_K)
+            except ValueError:
+                m = None
+            row[name] = m.as_dict() if m else None
+        out.append(row)
+    return out
+
+
+def write_plot(path: Path, sc: Scenario, rec: Recorder) -> None:
+    """Supply temperature, valve and load (plant truth and racky's rack power) over plant
+    time (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    tt = [r["t_s"] for r in rec.plant]
+    t = [r["t_s"] for r in rec.loop]
+    sp = sc.plant.supply_setpoint_c
+    ax[0].axhspan(sp - BAND_K, sp + BAND_K, color="tab:green", alpha=0.12, label="±0.5 K")
+    ax[0].plot(t, [r.get("supply_temp_c") for r in rec.loop], label="supply temp (valvey PV)")
+    ax[0].plot(tt, [r["supply_temp_c"] for r in rec.plant], "--", lw=1, label="supply temp (plant)")
+    ax[0].axhline(sp, color="k", lw=0.8, label="setpoint")
+    ax[0].set_ylabel("°C")
+    ax[0].legend(loc="upper right", fontsize=8)
+    ax[1].plot(t, [r.get("valve_command_pct") for r in rec.loop], label="valve command")
+    ax[1].plot(tt, [r["valve_position_pct"] for r in rec.plant], "--", lw=1, label="valve position")
+    ax[1].set_ylabel("%")
+    ax[1].legend(loc="lower right", fontsize=8)
+    ax[2].plot(tt, [r["rack_power_w"] / 1000 for r in rec.plant], color="tab:red",
+               label="rack load (plant)")
+    rp = [(r["t_s"], r["rack_power_w"] / 1000) for r in rec.rack_power
+          if isinstance(r.get("rack_power_w"), (int, float))]
+    if rp:
+        ax[2].plot([x for x, _ in rp], [y for _, y in rp], ".", ms=2, color="tab:blue",
+                   label="racky's rack power (shelves)")
+    limit = rec.rack.get("limit_w")
+    if isinstance(limit, (int, float)):
+        ax[2].axhline(limit / 1000, color="k", lw=0.8, ls=":", label="racky's limit")
+    ax[2].set_ylabel("kW")
+    ax[2].set_xlabel("plant time, s")
+    ax[2].legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"valvey and racky on the virtual rack: {sc.description}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _settle(m: dict[str, Any] | None, never: str) -> str:
+    if not m:
+        return "—"
+    v = m["settling_s"]
+    return never if v == 0 else ("not settled" if v is None else f"{v:.0f} s")
+
+
+def _kw(w: float | None) -> str:
+    return "—" if w is None else f"{w / 1000:.1f} kW"
+
+
+def _racky_text(r: RackySummary | None) -> str:
+    if r is None:
+        return "racky: published nothing in this run."
+    lim = "" if r.limit_w is None else f"; its power limit {_kw(r.limit_w)} (from {r.limit_source})"
+    return (f"racky: lifecycle {r.lifecycle or '—'}"
+            f"{f' ({r.lifecycle_reason})' if r.lifecycle_reason else ''}; rack power from the "
+            f"power shelves ({r.shelves_reporting} reporting, {r.rack_power_samples} samples) "
+            f"peaked at {_kw(r.rack_power_max_w)} against a budget of {_kw(r.budget_w)}{lim}, "
+            f"{r.over_limit_s:g} s above it; racky's exit code after SIGTERM: {r.exit_code}.")
+
+
+def _ff_text(share: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.0%}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]))
+
+
+def _commands_text(commands: list[str]) -> str:
+    shown = ", ".join(commands[:12]) + (f" and {len(commands) - 12} more"
+                                        if len(commands) > 12 else "")
+    return (f"operator commands during the run ({len(commands)}): {shown}; the figures above "
+            "include their effects (they are not the load steps' alone)")
+
+
+def summary_markdown(s: DemoSummary) -> str:
+    """The summary as a Markdown table (pasted verbatim into the README)."""
+    import platform
+
+    lines = [
+        f"`rackctl demo` ({s.scenario}, {s.duration_s:g} s of plant time, {s.control_mode}, real "
+        f"time over Modbus TCP and MQTT; {platform.system()} {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"{time.strftime('%Y-%m-%d')}):",
+        "",
+        "| disturbance | max \\|error\\| (valvey's PV) | back within ±0.5 K after | "
+        "max \\|error\\| (plant truth) |",
+        "|---|---|---|---|",
+    ]
+    for st in s.steps:
+        pv, tr = st.get("valvey_pv"), st.get("plant_truth")
+        if not (pv and tr):
+            lines.append(f"| {st['disturbance']} | — | — | — |")
+            continue
+        lines.append(
+            f"| {st['disturbance']} at t = {st['t0_s']:g} s | {pv['max_abs_error_k']:.2f} K | "
+            f"{_settle(pv, 'never left ±0.5 K')} | {tr['max_abs_error_k']:.2f} K |"
+        )
+    if s.commands:
+        lines += ["", _commands_text(s.commands)]
+    lines += [
+        "",
+        f"Feedforward source over valvey's states: {_ff_text(s.ff_source_share) or '—'}. "
+        f"Points spooled: {s.points_spooled} lines of line protocol in the run's `spool/` "
+        f"folder (the embedded store). Hottest GPU junction: "
+        f"{'—' if s.max_gpu_tj_c is None else f'{s.max_gpu_tj_c:.1f} °C'}. "
+        f"Alarms: {', '.join(s.alarms_raised) or 'none'}. "
+        f"valvey's exit code after SIGTERM: {s.valvey_exit_code}.",
+        "",
+        _racky_text(s.racky),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def print_summary(s: DemoSummary, console: Console) -> None:
+    """The end-of-run summary, every figure computed from the run."""
+    if s.broker_problem:
+        console.print(f"broker: {s.broker_problem} (during the run; the figures below miss "
+                      "what did not arrive)", style="red", markup=False, highlight=False)
+    if not s.steps:
+        console.print(
+            f"No load step fell inside this {s.duration_s:g} s run, so there is no step "
+            "response to score; run longer (the demo's scenario steps at t = 40 s: "
+            "`make demo DURATION=60`).", markup=False, highlight=False,
+        )
+    t = Table(title=f"demo summary: {s.scenario}, {s.duration_s:g} s of plant time")
+    for col in (
+        "disturbance",
+        "max |error| (valvey PV)",
+        "settling to ±0.5 K",
+        "max |error| (plant truth)",
+    ):
+        t.add_column(col)
+    for st in s.steps:
+        pv, tr = st.get("valvey_pv"), st.get("plant_truth")
+        t.add_row(
+            f"{st['disturbance']} (t={st['t0_s']:g} s)",
+            f"{pv['max_abs_error_k']:.2f} K" if pv else "—",
+            _settle(pv, "never left the band"),
+            f"{tr['max_abs_error_k']:.2f} K" if tr else "—",
+        )
+    console.print(t)
+
+    def say(text: str) -> None:
+        console.print(text, markup=False, highlight=False)
+
+    if s.commands:
+        say(_commands_text(s.commands))
+
+    say(f"points spooled: {s.points_spooled} lines of line protocol in {s.spool_dir} "
+        "(the embedded store; `rackctl replay` sends them to an InfluxDB)")
+    if s.max_gpu_tj_c is not None:
+        say(f"hottest GPU junction: {s.max_gpu_tj_c:.1f} °C")
+    say(f"control: {s.control_mode}")
+    say(f"feedforward source over valvey's states: {_ff_text(s.ff_source_share) or '—'}")
+    say(f"alarms: {', '.join(s.alarms_raised) or 'none'}")
+    say(f"valvey exit code after SIGTERM: {s.valvey_exit_code}")
+    say(_racky_text(s.racky))
+    say(f"plot: {s.plot}\ntrace: {s.trace_csv}\nlogs and config: {s.run_dir}")

@@ -1,0 +1,259 @@
+"""``rackctl fleet status``: the row budgets and the racks' budget leases as they stand in the
+fleet KV bucket (issue 16; read-only: nothing is written, the bucket is never made).
+
+rlc's config file (``--rlc-config``) names the topology (site → hall → row → rack, the rows'
+limits and the racks' floors) and the bucket's connection (``[fleet]``: servers, bucket,
+replicas, NATS user and password variable; each overridable by an option). For every rack of
+the topology the command reads its budget key (rlc's lease and ledger) and its rack key
+(racky's report) once (`rackplane.core.budget_leases`), then prints per row its limit, Σ of
+the leases in force and what the racks may draw by rlc's own rule (`FleetView`), and per rack
+its lease (value, epoch/seq, seconds left), the older higher grants not yet released, and its
+report (demand, budget enforced, ack, age, the floor and agents' safe caps it states, with
+rlc's cross-check, `rlc.core.cycle.FLOOR_TOLERANCE_W`).
+
+`FleetView` is pure (no I/O; times are arguments). Exit 0 when every row's bound is within its
+limit and every key decodes, 1 when one is not (a row over its limit, a record that does not
+decode, a rack without a lease key), 2 for a bad config or option, 3 when the NATS cluster or
+the bucket cannot be reached. The NATS user must be allowed the bucket's ``STREAM.INFO`` and
+``STREAM.MSG.GET`` (config/nats/: ``rlc`` is; an operator on rlc's host uses its settings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from rackctl import cli
+from rackplane.core.budget_leases import BudgetLease, RackReport, budget_key, rack_key
+
+__all__ = ["FleetView", "fleet_app", "status"]
+
+fleet_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="The fleet tier (rlc): row budgets and budget leases.")
+cli.app.add_typer(fleet_app, name="fleet")
+
+
+@dataclass(frozen=True)
+class RackPlace:
+    """One rack of the topology: its row (``hall/row``), floor (W)."""
+
+    rack: str
+    row: str
+    floor_w: float
+
+
+@dataclass
+class FleetView:
+    """The fleet bucket as read once (module docstring).
+
+    Args:
+        site: the topology's site; rows: ``hall/row`` → limit (W); racks: every rack in
+        topology order; budgets, reports: rack → (revision, value) of its budget / rack key,
+        or None (absent).
+    """
+
+    site: str
+    rows: dict[str, float]
+    racks: list[RackPlace]
+    budgets: dict[str, tuple[int, bytes] | None]
+    reports: dict[str, tuple[int, bytes] | None]
+
+    def rack_summary(self, p: RackPlace, now_wall_s: float) -> dict[str, Any]:
+        """One rack's lease and report (W, s; ``now_wall_s`` this host's wall clock, Unix s).
+
+        ``bound_w``: what rlc counts the rack may draw now: the lease's value while in force,
+        else the floor, and never below an older higher grant not yet acknowledged whose
+        expiry has not passed (rlc also waits its clock margin and the agents' cap TTL after
+        that expiry; this view, without rlc's timing, shows such grants in ``unreleased``).
+        ``problems``: ``no_lease`` (no budget key), ``bad_budget`` / ``bad_report`` (a
+        record that does not decode), and rlc's cross-checks ``floor_above``,
+        ``floor_below``, ``agents_safe_above_floor``.
+        """
+        from rlc.core.cycle import FLOOR_TOLERANCE_W
+
+        out: dict[str, Any] = {"row": p.row, "floor_w": p.floor_w, "lease": None,
+                               "unreleased": [], "report": None, "problems": []}
+        probs: list[str] = out["problems"]
+        bound = p.floor_w
+        got = self.budgets.get(p.rack)
+        if got is None:
+            probs.append("no_lease")
+        else:
+            try:
+                d = json.loads(got[1])
+                lease = BudgetLease.from_record(d["lease"])
+                unrel = [(float(u["value_w"]), float(u["expires_at_s"]))
+                         for u in (d.get("ledger") or {}).get("unreleased", [])]
+            except (ValueError, TypeError, KeyError, AttributeError):
+                probs.append("bad_budget")
+            else:
+                left = lease.expires_at_s - now_wall_s
+                in_force = left > 0
+                out["lease"] = {"value_w": lease.value_w, "epoch": lease.epoch,
+                                "seq": lease.seq, "expires_in_s": round(left, 1),
+                                "in_force": in_force, "revision": got[0]}
+                out["unreleased"] = [{"value_w": v, "expires_in_s": round(e - now_wall_s, 1)}
+                                     for v, e in unrel]
+                if in_force:
+                    bound = max(bound, lease.value_w)
+                for v, e in unrel:
+                    if e > now_wall_s:
+                        bound = max(bound, v)
+        out["bound_w"] = bound
+        rep_got = self.reports.get(p.rack)
+        if rep_got is not None:
+            try:
+                rep = RackReport.from_record(json.loads(rep_got[1]))
+            except (ValueError, TypeError):
+                probs.append("bad_report")
+            else:
+                out["report"] = {"demand_w": rep.demand_w, "budget_w": rep.budget_w,
+                                 "drawable_w": rep.drawable_w,
+                                 "acked": None if rep.acked is None else list(rep.acked),
+                                 "lease_valid": rep.lease_valid,
+                                 "age_s": round(now_wall_s - rep.at_s, 1),
+                                 "floor_w": rep.floor_w, "agents_safe_w": rep.agents_safe_w}
+                if rep.floor_w > p.floor_w + FLOOR_TOLERANCE_W:
+                    probs.append("floor_above")
+                elif rep.floor_w < p.floor_w - FLOOR_TOLERANCE_W:
+                    probs.append("floor_below")
+                if rep.agents_safe_w is not None and rep.agents_safe_w > p.floor_w:
+                    probs.append("agents_safe_above_floor")
+        return out
+
+    def summary(self, now_wall_s: float) -> dict[str, Any]:
+        """What ``--json`` prints: ``site``, per row ``limit_w``, ``leased_w`` (Σ of the
+        leases in force), ``bound_w`` (Σ of the racks' ``bound_w``), ``over_limit`` and its
+        racks (`rack_summary`), and ``ok`` (no row over its limit, no problem but rlc's
+        ``floor_below``)."""
+        racks = {p.rack: self.rack_summary(p, now_wall_s) for p in self.racks}
+        rows: dict[str, Any] = {}
+        for row, limit in self.rows.items():
+            mine = {r: s for r, s in racks.items() if s["row"] == row}
+            leased = math.fsum(s["lease"]["value_w"] for s in mine.values()
+                               if s["lease"] is not None and s["lease"]["in_force"])
+            bound = math.fsum(s["bound_w"] for s in mine.values())
+            rows[row] = {"limit_w": limit, "leased_w": leased, "bound_w": bound,
+                         "over_limit": bound > limit, "racks": mine}
+        ok = not any(r["over_limit"] for r in rows.values()) and not any(
+            p != "floor_below" for s in racks.values() for p in s["problems"])
+        return {"site": self.site, "ok": ok, "rows": rows}
+
+
+def _w(v: Any) -> str:
+    return "" if v is None else f"{float(v) / 1000:.1f}"
+
+
+def render(summary: dict[str, Any]) -> Group:
+    """The tables ``rackctl fleet status`` prints (kW)."""
+    parts: list[Any] = []
+    for row, r in summary["rows"].items():
+        style = "bold red" if r["over_limit"] else "bold green"
+        head = Text(f"row {row}: limit {_w(r['limit_w'])} kW, leases in force "
+                    f"{_w(r['leased_w'])} kW, racks may draw {_w(r['bound_w'])} kW"
+                    + (" OVER THE LIMIT" if r["over_limit"] else ""), style=style)
+        t = Table(title=head, title_justify="left")
+        for col in ("rack", "lease kW", "epoch/seq", "expires in s", "unreleased kW",
+                    "may draw kW", "demand kW", "enforced kW", "acked", "report age s",
+                    "floor kW", "problems"):
+            t.add_column(col, overflow="fold")
+        for rack, s in r["racks"].items():
+            le, rep = s["lease"], s["report"] or {}
+            t.add_row(
+                rack, "" if le is None else _w(le["value_w"]),
+                "" if le is None else f"{le['epoch']}/{le['seq']}",
+                "" if le is None else (str(le["expires_in_s"]) if le["in_force"]
+                                       else "expired"),
+                ", ".join(_w(u["value_w"]) for u in s["unreleased"]), _w(s["bound_w"]),
+                _w(rep.get("demand_w")), _w(rep.get("budget_w")),
+                "" if rep.get("acked") is None else "/".join(map(str, rep["acked"])),
+                "" if not rep else str(rep["age_s"]), _w(s["floor_w"]),
+                Text(", ".join(s["problems"])))
+        parts.append(t)
+    return Group(*parts)
+
+
+def _view_of(cfg: Any) -> FleetView:
+    rows: dict[str, float] = {}
+    places: list[RackPlace] = []
+    for hn, hall in cfg.topology.halls.items():
+        for rn, row in hall.rows.items():
+            rows[f"{hn}/{rn}"] = row.limit_w
+            places += [RackPlace(k, f"{hn}/{rn}", r.floor_w) for k, r in row.racks.items()]
+    return FleetView(cfg.topology.site, rows, places, {}, {})
+
+
+@fleet_app.command("status")
+def status(
+    rlc_config: Annotated[Path, typer.Option(
+        "--rlc-config", help="rlc's config file: topology and \\[fleet] connection")],
+    servers: Annotated[list[str] | None, typer.Option(
+        "--server", help="a NATS server URL (repeat; default: \\[fleet] servers)")] = None,
+    bucket: Annotated[str | None, typer.Option(help="default: \\[fleet] bucket")] = None,
+    username: Annotated[str | None, typer.Option(
+        help="NATS user (default: \\[fleet] username)")] = None,
+    password_env: Annotated[str | None, typer.Option(
+        help="env var holding the NATS password (default: \\[fleet] password_env)")] = None,
+    timeout: Annotated[float, typer.Option(
+        min=0.1, max=30.0, help="seconds per NATS request")] = 2.0,
+    json_out: cli.JsonOpt = False,
+) -> None:
+    """Row budgets and budget leases from the fleet KV bucket (read-only; module docstring).
+    Exit 0 all within limits, 1 a row over its limit or a bad / missing record, 2 bad config,
+    3 NATS or the bucket unreachable."""
+    import os
+
+    from rackplane.errors import ConfigError
+    from rackplane.io.nats.errors import KvError, KvUnknown
+    from rackplane.io.nats.kv import NatsKv
+    from rlc.app import load_rlc_config
+
+    cli.configure_logging("error", "console")
+    try:
+        cfg = load_rlc_config(rlc_config)
+    except ConfigError as err:
+        cli._fail(f"settings: {err}", cli.EXIT_USAGE)
+    f = cfg.fleet
+    pw_env = password_env if password_env is not None else f.password_env
+    user = username if username is not None else f.username
+    view = _view_of(cfg)
+    site = view.site
+
+    async def run() -> None:
+        kv = await NatsKv.connect(servers or f.servers, bucket or f.bucket,
+                                  replicas=f.replicas, request_timeout_s=timeout,
+                                  name="rackctl-fleet", user=user,
+                                  password=os.environ.get(pw_env, "") if pw_env else None,
+                                  create=False)
+        try:
+            racks = [p.rack for p in view.racks]
+            got = await asyncio.gather(*(kv.read(budget_key(site, r)) for r in racks),
+                                       *(kv.read(rack_key(site, r)) for r in racks))
+        finally:
+            await kv.close()
+        view.budgets = dict(zip(racks, got[:len(racks)], strict=True))
+        view.reports = dict(zip(racks, got[len(racks):], strict=True))
+
+    try:
+        asyncio.run(run())
+    except KvError as err:
+        cli._fail(f"fleet bucket: {err}", cli.EXIT_NO_BROKER)
+    except KvUnknown as err:
+        cli._fail(f"NATS: {err}", cli.EXIT_NO_BROKER)
+    s = view.summary(time.time())  # wall-clock: lease expiries are Unix times
+    if json_out:
+        sys.stdout.write(json.dumps(s, ensure_ascii=False) + "\n")
+    else:
+        Console().print(render(s))
+    raise typer.Exit(cli.EXIT_OK if s["ok"] else cli.EXIT_REFUSED)

@@ -1,0 +1,3 @@
+from rlc.cli import main
+
+main()

@@ -1,0 +1,3 @@
+from trayagent.cli import main
+
+main()

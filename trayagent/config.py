@@ -1,0 +1,245 @@
+"""tray-agent's configuration: one TOML file, validated at load (DESIGN §3 Config).
+
+``tray-agent --print-default-config`` prints every key with its default and description (the
+same text as ``config/tray-agent.example.toml``); ``tray-agent --check-config`` validates a
+file. One process hosts the agents of the trays listed in ``[[agents.trays]]`` (one rack:
+``identity``); each tray names the NVML device indices of its GPUs on this host.
+
+Relative paths (``caps.epoch_file``) are taken inside ``$STATE_DIRECTORY`` under systemd, else
+the working directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from rackplane.config import StrictModel
+from rackplane.core.tray_contract import AGENT_SAFE_GPU_CAP_W
+from rackplane.settings import CommandSettings, DaemonSettings, TopicLevel
+
+__all__ = ["AgentControl", "AgentsSettings", "BmcSettings", "CapSettings", "DcgmSettings",
+           "NvmlSettings", "SysfsSettings", "TrayAgentConfig", "TraySettings"]
+
+
+class AgentControl(StrictModel):
+    """Timing of the publish loop."""
+
+    tick_s: float = Field(
+        1.0, ge=0.1, le=60, description="publish interval, s: one telemetry/trayNN per hosted "
+        "tray per interval (racky reads at 1 Hz; its node_agents.stale_after_s must exceed it)")
+    read_timeout_s: float = Field(
+        2.0, gt=0, le=60, description="a source read that takes longer is abandoned for this "
+        "interval (its GPUs are not published; the loop never waits longer)")
+    stop_budget_s: float = Field(3.0, gt=0, le=30, description="time allowed at shutdown")
+
+
+class BmcSettings(StrictModel):
+    """A tray's BMC over Redfish (trayagent.redfish): input power, coolant outlet temperature,
+    leak detection. One session, reused; read in its own task (a slow BMC never stalls the
+    publish loop)."""
+
+    url: str = Field(pattern=r"^https?://[A-Za-z0-9._~%\-\[\]:]+(/[!-~]*)?$",
+                     description="the BMC's base URL, e.g. https://tray03-bmc: http(s)://, a "
+                     "host (with :port if not the default), an optional path; no spaces")
+    chassis: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$",
+                         description="the tray's chassis id (/redfish/v1/Chassis/<id>)")
+    username: str = Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$",
+                          description="BMC account (no control characters)")
+    password_env: str = Field(pattern=r"^[A-Z_][A-Z0-9_]*$", description="environment "
+                              "variable holding the BMC password (never in the file)")
+    timeout_s: float = Field(2.0, gt=0, le=10, description="per Redfish request, s (also "
+                             "bounds the logout at stop)")
+    power_control: str | None = Field(
+        None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="Id of the chassis' power Control capped through (actuation = "
+        "'redfish'); none: the chassis' Control with ControlType Power and PhysicalContext "
+        "Chassis")
+    set_attempts: int = Field(3, ge=1, le=10, description="most PATCHes of one cap set: a "
+                              "412 Precondition Failed (written by another) re-reads and "
+                              "retries")
+    max_age_s: float = Field(5.0, gt=0, le=300, description="a BMC reading older than this "
+                             "is not used: the tray's power falls back to the GPUs' sum + "
+                             "non_gpu_power_w, the outlet to coolant_out_temp_c, and the leak "
+                             "sensor is reported faulted")
+
+    @field_validator("chassis", "power_control")
+    @classmethod
+    def _path_segment(cls, v: str | None) -> str | None:
+        # a Redfish Id is one URL path segment: '.' or '..' would name another resource
+        if v in (".", ".."):
+            raise ValueError(f"{v!r} is not a Redfish Id (a path segment, not '.' or '..')")
+        return v
+
+
+class TraySettings(StrictModel):
+    """One compute tray hosted by this process."""
+
+    tray: int = Field(ge=0, le=63, description="tray index in the rack (0-based; topic "
+                      "telemetry/trayNN)")
+    nvml_devices: list[int] = Field(
+        min_length=1, max_length=16, description="NVML device indices of the tray's GPUs on "
+        "this host, in the tray's GPU order (rack-wide GPU = tray × gpus_per_tray + position)")
+    gpu_ports: list[list[str]] = Field(
+        default_factory=list, description="per GPU (in nvml_devices order) its link ports "
+        "read from sysfs ('<rdma device>/<port>' or an interface), published as the GPU's "
+        "port block; every GPU the same number; empty: no ports published (needs "
+        "sysfs.enabled)")
+    non_gpu_power_w: float = Field(
+        0.0, ge=0, le=20000, description="the tray's power outside its GPUs, W (an estimate): "
+        "added to the GPUs' power as the tray's input power while no BMC reading is fresh, "
+        "and taken off racky's tray cap (power_cap_w) before it is shared among the GPUs "
+        "until a fresh BMC reading measures it (input power − the GPUs' sum, smoothed)")
+    coolant_out_temp_c: float = Field(
+        ge=-10, le=100, description="reported as the tray's coolant outlet temperature while "
+        "no BMC reading is fresh, °C (contract v1 requires a number; the leak sensor is then "
+        "reported faulted): the loop's design outlet temperature")
+    bmc: BmcSettings | None = Field(None, description="the tray's BMC (Redfish); none: power "
+                                    "and outlet from the settings above, leak sensor faulted")
+    actuation: Literal["nvml", "redfish"] = Field(
+        "nvml", description="where the tray's cap is applied: nvml (per-GPU power limits) or "
+        "redfish (the BMC's chassis power Control, a tray limit: racky's power_cap_w, a "
+        "gpu_power_cap_w as GPUs × it + non_gpu_power_w; needs bmc)")
+
+    @model_validator(mode="after")
+    def _unique(self) -> TraySettings:
+        if self.actuation == "redfish" and self.bmc is None:
+            raise ValueError("actuation = 'redfish' needs the tray's bmc")
+        if len(set(self.nvml_devices)) != len(self.nvml_devices):
+            raise ValueError("nvml_devices names a device twice")
+        if self.gpu_ports:
+            if len(self.gpu_ports) != len(self.nvml_devices):
+                raise ValueError(f"gpu_ports has {len(self.gpu_ports)} entries for "
+                                 f"{len(self.nvml_devices)} GPUs")
+            if len({len(p) for p in self.gpu_ports}) != 1 or not self.gpu_ports[0]:
+                raise ValueError("gpu_ports: every GPU needs the same number (>= 1) of ports")
+            flat = [p for ports in self.gpu_ports for p in ports]
+            if len(set(flat)) != len(flat):
+                raise ValueError("gpu_ports names a port twice")
+        return self
+
+
+class AgentsSettings(StrictModel):
+    """The trays this process publishes and where (racky's [node_agents] must match)."""
+
+    daemon: TopicLevel = Field(
+        "trays", description="topic level of the agents: telemetry on <root>/<site>/<rack>/"
+        "<daemon>/telemetry/trayNN, commands on <...>/<daemon>/cmd/<user>/set_power_limits "
+        "(racky's node_agents.daemon)")
+    source: Literal["nvml", "dcgm"] = Field(
+        "nvml", description="where the GPUs are read: nvml (and capped through it) or dcgm "
+        "(the exporter's /metrics: read only, caps refused, cap_enforceable = false); "
+        "nvml_devices are then the exporter's gpu label values")
+    gpus_per_tray: int = Field(4, ge=1, le=16, description="GPUs per tray (racky's "
+                               "node_agents.gpus_per_tray)")
+    trays: list[TraySettings] = Field(default_factory=list, max_length=64,
+                                      description="the trays hosted by this process")
+
+    @model_validator(mode="after")
+    def _trays(self) -> AgentsSettings:
+        seen: set[int] = set()
+        devices: set[int] = set()
+        for i, t in enumerate(self.trays):
+            if t.tray in seen:
+                raise ValueError(f"trays[{i}].tray {t.tray} is listed twice")
+            seen.add(t.tray)
+            if len(t.nvml_devices) != self.gpus_per_tray:
+                raise ValueError(f"trays[{i}].nvml_devices has {len(t.nvml_devices)} devices, "
+                                 f"gpus_per_tray is {self.gpus_per_tray}")
+            if devices & set(t.nvml_devices):
+                raise ValueError(f"trays[{i}].nvml_devices: device(s) "
+                                 f"{sorted(devices & set(t.nvml_devices))} already on another "
+                                 "tray")
+            devices |= set(t.nvml_devices)
+        return self
+
+
+class NvmlSettings(StrictModel):
+    """GPUs through NVML (nvidia-ml-py, libnvidia-ml.so.1)."""
+
+    enabled: bool = Field(True, description="read the GPUs through NVML (agents.source = "
+                          "'nvml')")
+
+
+class DcgmSettings(StrictModel):
+    """GPUs through NVIDIA's DCGM exporter (agents.source = 'dcgm'): read only, the trays
+    report cap_enforceable = false and refuse caps."""
+
+    url: str = Field("http://127.0.0.1:9400/metrics", pattern=r"^https?://",
+                     description="the exporter's metrics URL")
+    timeout_s: float = Field(0.5, gt=0, le=30, description="HTTP timeout of one scrape, s "
+                             "(below control.read_timeout_s)")
+
+
+class SysfsSettings(StrictModel):
+    """RDMA / Ethernet counters from the kernel's sysfs (trayagent.sysfs): printed by
+    ``--dry-connect``, published as the port blocks of the GPUs that name ports
+    (agents.trays[].gpu_ports)."""
+
+    enabled: bool = Field(False, description="read the link counters")
+    ports: list[str] = Field(
+        default_factory=list, max_length=256, description="ports to read: '<rdma device>/"
+        "<port>' (e.g. mlx5_0/1) or an interface (eth0); empty: every port found")
+    publish_counters: list[str] = Field(
+        default_factory=list, max_length=64, description="counters published in the port "
+        "blocks (racky's links.counters must be among them); empty: every counter all ports "
+        "of a GPU have, of the contract's widths (8, 16, 32, 64 bits)")
+    ib_extended_counters: bool = Field(
+        True, description="the HCAs have PortCountersExtended (64-bit port_xmit_data and "
+        "packet counters; every ConnectX); false: the 32-bit fallback, which saturates")
+    root: Path = Field(Path("/sys"), description="sysfs mount point (tests use a tree in a "
+                       "temporary folder)")
+    max_rate_per_s: float = Field(
+        1e12, gt=0, description="largest plausible rate of any counter, counts/s: a decrease "
+        "whose wrapped difference exceeds rate × elapsed is a reset, not a wrap")
+
+
+class CapSettings(StrictModel):
+    """Per-GPU power caps through NVML (node-agent contract v1 set_power_limits)."""
+
+    safe_gpu_cap_w: float = Field(
+        AGENT_SAFE_GPU_CAP_W, gt=0, le=5000, description="per-GPU limit held from the start "
+        "until racky's first command and whenever racky's caps expire (its TTL ran out: racky "
+        "silent), W; never uncapped. Clamped into each device's [min, max] limits; stated in "
+        "the telemetry (agent.safe_gpu_cap_w). In a fleet, at most racky's [fleet] "
+        "agent_safe_gpu_cap_w (the same default): rlc counts on a silent rack's trays drawing "
+        "no more")
+    dry_run: bool = Field(
+        False, description="never set a limit: log what would be set (read-only checks on a "
+        "real GPU)")
+    tolerance_w: float = Field(
+        1.0, gt=0, le=100, description="a read-back limit within this of the target is "
+        "enforced, W (NVML rounds to its own step)")
+    confirm_timeout_s: float = Field(
+        2.0, gt=0, le=30, description="how long a command waits for the read-back before it "
+        "answers (the reply says whether every GPU was confirmed), s")
+    epoch_file: Path = Field(
+        Path("tray-agent-epochs.json"), description="the newest command epoch per tray, "
+        "persisted (a restarted agent still refuses older commands)")
+
+
+def _default_commands() -> CommandSettings:
+    return CommandSettings(users={"racky": "automation"})
+
+
+class TrayAgentConfig(DaemonSettings):
+    """The whole tray-agent config file."""
+
+    control: AgentControl = AgentControl()
+    agents: AgentsSettings = AgentsSettings()
+    nvml: NvmlSettings = NvmlSettings()
+    dcgm: DcgmSettings = DcgmSettings()
+    sysfs: SysfsSettings = SysfsSettings()
+    caps: CapSettings = CapSettings()
+    commands: CommandSettings = Field(
+        default_factory=_default_commands,
+        description="command path: roles of broker users (racky = automation: "
+        "set_power_limits)")
+
+    @model_validator(mode="after")
+    def _ports_need_sysfs(self) -> TrayAgentConfig:
+        if any(t.gpu_ports for t in self.agents.trays) and not self.sysfs.enabled:
+            raise ValueError("agents.trays[].gpu_ports needs sysfs.enabled = true")
+        return self
