@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
+from rackctl.watch_view import WatchView as _WatchView
+from rackctl.watch_view import flatten
 from rackplane.cli import EXIT_CONFIG, EXIT_RUNTIME, fail_config
 from rackplane.errors import ConfigError, MqttError, SpoolError
 from rackplane.log import configure_logging
@@ -376,16 +378,6 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _flatten(value: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, str]]:
-    if isinstance(value, dict) and value and depth < 3:
-        rows: list[tuple[str, str]] = []
-        for k, v in value.items():
-            rows += _flatten(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
-        return rows
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return [(prefix or "-", text if len(text) <= 120 else text[:119] + "…")]
-
-
 def _reply_table(daemon: str, verb: str, reply: dict[str, Any]) -> Table:
     ok = bool(reply.get("ok"))
     err = reply.get("error") or {}
@@ -399,7 +391,7 @@ def _reply_table(daemon: str, verb: str, reply: dict[str, Any]) -> Table:
     t.add_row("request_id", Text(str(reply.get("request_id"))))
     if not ok:
         t.add_row("error", Text(str(err.get("message", ""))))
-    for key, text in _flatten(reply.get("state") or {}):
+    for key, text in flatten(reply.get("state") or {}):
         t.add_row(Text(key), Text(text))
     return t
 
@@ -490,55 +482,14 @@ def cmd(
     raise typer.Exit(EXIT_OK if reply.get("ok") is True else EXIT_REFUSED)
 
 
-class _WatchView:
-    """What `watch` shows: the latest status, each state thing and the active alarms."""
-
-    def __init__(self, daemon: str) -> None:
-        from rackctl.pair import PairView
-
-        self.daemon = daemon
-        self.pair = PairView()  # status and status/<instance> (a pair: rackctl/pair.py)
-        self.states: dict[str, Any] = {}
-        self.alarms: dict[str, Any] = {}
-
-    def update(self, kind: str, name: str, body: Any) -> None:
-        if kind == "status":
-            self.pair.update(kind, name, body)
-        elif kind == "state":
-            self.pair.update(kind, name, body)
-            self.states[name] = body
-        elif kind == "alarm":
-            if body is None:
-                self.alarms.pop(name, None)
-            else:
-                self.alarms[name] = body
-
-    def render(self) -> Group:
-        parts: list[Any] = [self.pair.status_line(self.daemon)]
-        for thing, body in sorted(self.states.items()):
-            t = Table(title=Text(f"state/{thing}"), show_header=False, title_justify="left")
-            t.add_column("key", style="cyan")
-            t.add_column("value", overflow="fold")
-            for key, text in _flatten(body if isinstance(body, dict) else {"value": body})[:40]:
-                t.add_row(Text(key), Text(text))  # the daemon's text, never markup
-            parts.append(t)
-        a = Table(title=f"alarms ({len(self.alarms)})", title_justify="left")
-        for col in ("id", "severity", "state", "acked", "shelved", "message"):
-            a.add_column(col)
-        for alarm_id, body in sorted(self.alarms.items()):
-            b = body if isinstance(body, dict) else {}
-            a.add_row(*(Text(str(v)) for v in (
-                alarm_id, b.get("severity", ""), b.get("state", ""), b.get("acked", ""),
-                b.get("shelved", ""), b.get("message", ""))))
-        parts.append(a)
-        return Group(*parts)
-
-
 @app.command("watch")
 def watch(
     daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey")],
     json_out: Annotated[bool, typer.Option(
         "--json", help="one JSON object per message on stdout (for scripts)")] = False,
+    plain: Annotated[bool, typer.Option(
+        "--plain", help="one text line per message (the default when stdout is not a "
+        "terminal) instead of the live view")] = False,
     duration: Annotated[float | None, typer.Option(
         min=0.0, help="stop after this many seconds (default: until Ctrl-C)")] = None,
     config: ConfigOpt = None,
@@ -554,7 +505,10 @@ def watch(
     topic_root: RootOpt = None,
     connect_timeout: ConnectTimeoutOpt = None,
 ) -> None:
-    """Show a daemon's status, state and alarms live (retained values first)."""
+    """Show a daemon's status, state and alarms live (retained values first).
+
+    On a terminal a live view redrawn in place; otherwise (a pipe, a file) or with --plain
+    one text line per message as it arrives; with --json one JSON object per message."""
     from rackctl.client import BrokerRefused, BrokerUnavailable, CommandClient, watch_filters
     from rackplane.io.mqtt import Message
 
@@ -569,6 +523,8 @@ def watch(
         _fail(f"invalid daemon: {_one_line(err)}", EXIT_USAGE)
     view = _WatchView(daemon)
     base = topics.base + "/"
+    # a live view redraws in place: on a pipe or a file it showed nothing until the end
+    plain = plain or not sys.stdout.isatty()
 
     def classify(topic: str) -> tuple[str, str]:
         rest = topic[len(base):] if topic.startswith(base) else topic
@@ -592,13 +548,18 @@ def watch(
                 sys.stdout.flush()
                 return
             view.update(kind, name, body)
+            if plain:
+                for text in view.lines(kind, name, body):
+                    sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+                return
             if live is not None:
                 live.update(view.render())
 
         for flt in watch_filters(topics):
             client.subscribe(flt, on_message, qos=1)
         async with client:
-            if json_out:
+            if json_out or plain:
                 await _sleep_or_forever(duration)
                 return
             with Live(view.render(), refresh_per_second=4, console=Console()) as lv:
