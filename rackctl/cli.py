@@ -1,7 +1,7 @@
 """rackctl: the operator's CLI: commands to the daemons, a live view of their state and
 alarms, the demo, replay of the embedded store, lock-step runs, the contract's schemas.
 
-Exit codes of ``cmd`` and ``watch`` (for scripts): 0 ok; 1 the daemon refused the command (an
+Exit codes of cmd and watch (for scripts): 0 ok; 1 the daemon refused the command (an
 error reply) or the broker's ACL refused it; 2 usage or settings (bad flag, bad file, login
 refused by the broker); 3 no broker or no reply in time.
 """
@@ -23,7 +23,7 @@ from rich.text import Text
 
 from rackctl.watch_view import WatchView as _WatchView
 from rackctl.watch_view import flatten
-from rackplane.cli import EXIT_CONFIG, EXIT_RUNTIME, fail_config
+from rackplane.cli import EXIT_CONFIG, EXIT_RUNTIME, fail_config, typer_app
 from rackplane.errors import ConfigError, MqttError, SpoolError
 from rackplane.log import configure_logging
 from rackplane.settings import TsdbSettings
@@ -46,7 +46,7 @@ __all__ = [
     "watch",
 ]
 
-app: typer.Typer = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
+app: typer.Typer = typer_app(help=__doc__, no_args_is_help=True)
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -54,7 +54,7 @@ EXIT_USAGE = EXIT_CONFIG  # 2
 EXIT_NO_BROKER = 3
 
 
-@app.command()
+@app.command(short_help="Run the demo on the rack simulator.")
 def demo(
     duration: Annotated[
         float | None,
@@ -105,7 +105,7 @@ def demo(
         raise typer.Exit(EXIT_RUNTIME)
 
 
-@app.command()
+@app.command(short_help="Send a spool to an InfluxDB.")
 def replay(
     spool: Annotated[Path, typer.Argument(help="spool / embedded-store folder")],
     url: Annotated[str, typer.Option(help="InfluxDB URL, e.g. http://influx:8086")],
@@ -193,7 +193,8 @@ def _one_line(err: Exception) -> str:
     return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(short_help="Run scenarios in lock-step with the simulators.",
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def lockstep(
     ctx: typer.Context,
     scenario: Annotated[str, typer.Argument(
@@ -205,10 +206,14 @@ def lockstep(
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", help="valvey config (valvey only)")] = None,
 ) -> None:
-    """Run a daemon's scenarios in lock-step with the simulators (no sockets) and print the
-    figures. valvey: the scenario report's figures (`harness.lockstep_valvey.figures`) and
-    the step errors on the measured PV. racky: `harness.lockstep_racky` ``run SCENARIO``
-    (summary), ``validate --stage node|rack|multi-rack --out DIR`` (exit 1 when it fails)."""
+    """Run a daemon's scenarios in lock-step with the simulators (no sockets).
+
+    valvey: runs SCENARIO and prints the scenario report's figures and the step errors on the
+    measured supply temperature. racky: "run SCENARIO" prints a summary; "validate --stage
+    node|rack|multi-rack --out DIR" writes the validation report (exit 1 when it fails).
+
+    \f
+    valvey: `harness.lockstep_valvey.figures`; racky: `harness.lockstep_racky`."""
     if daemon == "racky":
         if config is not None:
             _fail("--config is valvey's; racky's lock-step runs take their own options",
@@ -297,7 +302,7 @@ def _lazy_main(module: str) -> Any:
     return fn
 
 
-@app.command("bench")
+@app.command("bench", short_help="Run the benchmarks.")
 def bench(
     out: Annotated[Path, typer.Option("--out", help="folder for results.json, results.md "
                                       "and plots")],
@@ -316,7 +321,7 @@ def bench(
                                 chaos_failovers=chaos_failovers))
 
 
-@app.command("scenarios")
+@app.command("scenarios", short_help="Run the standard scenarios into a report.")
 def scenarios(
     out: Annotated[Path, typer.Option("--out", help="folder for the scenario report")],
     quick: Annotated[bool, typer.Option("--quick", help="fewer seeds, shorter traces")
@@ -396,7 +401,7 @@ def _reply_table(daemon: str, verb: str, reply: dict[str, Any]) -> Table:
     return t
 
 
-@app.command("cmd")
+@app.command("cmd", short_help="Send one command to a daemon.")
 def cmd(
     daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey or racky")],
     verb: Annotated[str, typer.Argument(help="verb, e.g. get_state, set_setpoint")],
@@ -482,7 +487,7 @@ def cmd(
     raise typer.Exit(EXIT_OK if reply.get("ok") is True else EXIT_REFUSED)
 
 
-@app.command("watch")
+@app.command("watch", short_help="Show a daemon's status, state and alarms live.")
 def watch(
     daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey")],
     json_out: Annotated[bool, typer.Option(
@@ -624,7 +629,7 @@ def shipped_schema_sets(contracts: list[Any]) -> dict[str, tuple[Path, dict[str,
     return sets
 
 
-@app.command("schemas")
+@app.command("schemas", short_help="Write or check the contract's JSON Schemas.")
 def schemas(
     write: Annotated[bool, typer.Option(
         "--write", help="regenerate the schema files (and --docs, if given)")] = False,

@@ -87,8 +87,8 @@ app = daemon_app(DaemonCli(
     name="racky",
     help="""racky: rack power capping and sequencing, link health, thermal and traffic detection,
     the rack lifecycle (Modbus TCP, MQTT, InfluxDB). Validation on the simulator:
-    ``rackctl lockstep --daemon racky validate``; on a live rack: the ``start_validation``
-    command (docs/RACKY.md).""",
+    "rackctl lockstep --daemon racky validate"; on a live rack: the start_validation command
+    (docs/RACKY.md).""",
     app_help=__doc__,
     config_model=RackyConfig,
     load=_load,

@@ -31,8 +31,8 @@ def _dry_connect(cfg: RlcConfig, console: Console) -> int:
 
 app = daemon_app(DaemonCli(
     name="rlc",
-    help="rlc: shares row and hall power among racks as budget leases in the NATS KV store "
-    "(issue 16); run 2–3 replicas with [leadership] enabled.",
+    help="rlc: shares row and hall power among racks as budget leases in the NATS KV store; "
+    "run 2–3 replicas with [leadership] enabled (docs/RLC.md).",
     app_help=__doc__,
     config_model=RlcConfig,
     load=load_rlc_config,
