@@ -1,0 +1,62 @@
+"""``--dry-connect`` exits non-zero when it reached no device: a dry connect that read nothing
+(nothing configured, nothing found, nothing answering) proves nothing, so it never says 0
+("racky --dry-connect" on the example config read 0 shelves and exited 0). Each says why on
+stderr. Real sockets: the devices are a free port nobody listens on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.servers import free_port
+from racky.cli import app as racky_app
+from trayagent.cli import app as trayagent_app
+from valvey.cli import app as valvey_app
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.chdir(tmp_path)  # state files, spools: relative to the working directory
+    yield
+
+
+def _run(app: object, *argv: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(app, list(argv), env={"COLUMNS": "200"})  # type: ignore[arg-type]
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_racky_with_no_shelf_configured_and_discovery_off_fails(tmp_path: Path) -> None:
+    code, _out, err = _run(racky_app, "--dry-connect")  # the embedded defaults
+    assert code == 1, (_out, err)
+    assert "read nothing" in err and "discovery is off" in err, err
+
+
+def test_racky_whose_discovery_found_no_shelf_fails(tmp_path: Path) -> None:
+    cfg = tmp_path / "racky.toml"
+    port = free_port()
+    cfg.write_text(f"[discovery]\nenabled = true\nport = {port}\nunit_id_first = 1\n"
+                   "unit_id_last = 2\ntimeout_s = 0.2\n")
+    code, out, err = _run(racky_app, "--config", str(cfg), "--dry-connect")
+    assert code == 1, (out, err)
+    assert "0 of 2 shelves answered" in out
+    assert f"reached no power shelf (0 configured; discovery 127.0.0.1:{port} units 1..2)" \
+        in " ".join(err.split()), err
+
+
+def test_valvey_whose_cdu_does_not_answer_fails(tmp_path: Path) -> None:
+    cfg = tmp_path / "valvey.toml"
+    cfg.write_text(f"[cdu]\nport = {free_port()}\n")
+    code, _out, err = _run(valvey_app, "--config", str(cfg), "--dry-connect")
+    assert code == 1 and "dry connect failed" in err, (_out, err)
+
+
+def test_tray_agent_with_no_source_enabled_fails(tmp_path: Path) -> None:
+    cfg = tmp_path / "tray-agent.toml"
+    cfg.write_text("[nvml]\nenabled = false\n")
+    code, out, err = _run(trayagent_app, "--config", str(cfg), "--dry-connect")
+    assert code == 1, (out, err)
+    assert "nvml: disabled" in out and "sysfs: disabled" in out
+    assert "reached nothing" in err, err
