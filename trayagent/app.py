@@ -32,20 +32,14 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from rackplane.commands import CommandRouter, LeaseGate
-from rackplane.config import (
-    check_environment,
-    check_state_file_dir,
-    load_config,
-    secret_from_env,
-)
+from rackplane.config import secret_from_env
 from rackplane.core.envelope import CommandContext
 from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask
 from rackplane.errors import CommandError, ConfigError
 from rackplane.io.mqtt import MqttLink
 from rackplane.io.statefile import StateFile, StateFileError
 from rackplane.paths import in_state_directory
-from rackplane.settings import environment_checks
-from trayagent.config import TrayAgentConfig
+from trayagent.config import TrayAgentConfig, load_tray_agent_config
 from trayagent.contract import SetPowerLimitsArgs
 from trayagent.core.bmc import BmcReading, ControlResult
 from trayagent.core.caps import CapBook, DeviceLimits, StaleEpoch, Target
@@ -68,21 +62,6 @@ from trayagent.sysfs import LinkRates, SysfsLinks
 __all__ = ["TrayAgent", "load_tray_agent_config"]
 
 EPOCH_FORMAT = "tray-agent-epochs"
-
-
-def load_tray_agent_config(path: str | os.PathLike[str] | None) -> TrayAgentConfig:
-    """Load and validate the config; the epoch file's folder must be usable.
-
-    Raises:
-        ConfigError: naming the key path.
-    """
-    cfg = load_config(TrayAgentConfig, path)
-    check_state_file_dir("caps.epoch_file", in_state_directory(cfg.caps.epoch_file))
-    check_environment({
-        **environment_checks(cfg.mqtt, cfg.tsdb),
-        **{f"agents.trays[{i}].bmc.password_env": t.bmc.password_env
-           for i, t in enumerate(cfg.agents.trays) if t.bmc is not None}})
-    return cfg
 
 
 @dataclass(slots=True)

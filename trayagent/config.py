@@ -11,17 +11,20 @@ the working directory.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rackplane.config import StrictModel
+from rackplane.config import StrictModel, check_environment, check_state_file_dir, load_config
 from rackplane.core.tray_contract import AGENT_SAFE_GPU_CAP_W
-from rackplane.settings import CommandSettings, DaemonSettings, TopicLevel
+from rackplane.paths import in_state_directory
+from rackplane.settings import CommandSettings, DaemonSettings, TopicLevel, environment_checks
 
 __all__ = ["AgentControl", "AgentsSettings", "BmcSettings", "CapSettings", "DcgmSettings",
-           "NvmlSettings", "SysfsSettings", "TrayAgentConfig", "TraySettings"]
+           "NvmlSettings", "SysfsSettings", "TrayAgentConfig", "TraySettings",
+           "load_tray_agent_config"]
 
 
 class AgentControl(StrictModel):
@@ -243,3 +246,18 @@ class TrayAgentConfig(DaemonSettings):
         if any(t.gpu_ports for t in self.agents.trays) and not self.sysfs.enabled:
             raise ValueError("agents.trays[].gpu_ports needs sysfs.enabled = true")
         return self
+
+
+def load_tray_agent_config(path: str | os.PathLike[str] | None) -> TrayAgentConfig:
+    """Load and validate the config; the epoch file's folder must be usable.
+
+    Raises:
+        ConfigError: naming the key path.
+    """
+    cfg = load_config(TrayAgentConfig, path)
+    check_state_file_dir("caps.epoch_file", in_state_directory(cfg.caps.epoch_file))
+    check_environment({
+        **environment_checks(cfg.mqtt, cfg.tsdb),
+        **{f"agents.trays[{i}].bmc.password_env": t.bmc.password_env
+           for i, t in enumerate(cfg.agents.trays) if t.bmc is not None}})
+    return cfg
