@@ -75,6 +75,7 @@ class _Gpu:
     would_set_w: float | None = None
     set_w: float | None = None
     set_mono: float = -math.inf
+    safe_clamped: str | None = None  # why the safe cap was last moved into its limits
 
 
 class TrayAgent(DaemonFrame[TrayAgentConfig]):
@@ -303,7 +304,17 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
             for i, tg in enumerate(self.book.targets(t, lims, self.non_gpu_w[t])):
                 if g_read(gs[i]):
                     out[(t, i)] = tg
+                    self._say_safe_clamp(gs[i], tg)
         return out
+
+    def _say_safe_clamp(self, g: _Gpu, tg: Target) -> None:
+        """Log (once per change) a safe cap moved into a GPU's device limits: the device's
+        maximum is below caps.safe_gpu_cap_w (or its minimum above)."""
+        why = tg.clamped if tg.source == "safe" and tg.watts is not None else None
+        if why is not None and why != g.safe_clamped:
+            self.log.warning("safe_gpu_cap_clamped", gpu=g.gpu, device=g.device, reason=why,
+                             safe_gpu_cap_w=tg.wanted_w, held_w=tg.watts)
+        g.safe_clamped = why
 
     def _enforce(self, targets: Mapping[tuple[int, int], Target], reread: bool) -> bool:
         """Set every GPU whose read-back differs from its target (dry run: log it once) and,
