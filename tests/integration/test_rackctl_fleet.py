@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,20 +21,12 @@ from harness.servers import NatsCluster
 from rackplane.core.budget_leases import BudgetLease, RackReport
 from rackplane.io.nats.errors import KvError
 from rackplane.io.nats.kv import NatsKv
+from tests.integration.rackctl_proc import rackctl, rackctl_json
 
 pytestmark = [pytest.mark.servers]
 
 SITE = "lab"
 ROW = "h1/row1"
-
-
-async def rackctl(*argv: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rackctl", *argv, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env={**os.environ, "HOME": "/nonexistent",
-                                             "COLUMNS": "250"})
-    out, err = await asyncio.wait_for(proc.communicate(), 60.0)
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 def _config(tmp: Path, nats: NatsCluster, bucket: str) -> Path:
@@ -66,10 +56,7 @@ def _report(rack: str, floor_w: float) -> bytes:
 
 
 async def _status(cfg: Path) -> tuple[int, dict[str, Any]]:
-    code, out, err = await rackctl("fleet", "status", "--rlc-config", str(cfg), "--json")
-    assert out, err
-    doc: dict[str, Any] = json.loads(out)
-    return code, doc
+    return await rackctl_json("fleet", "status", "--rlc-config", str(cfg), "--json")
 
 
 async def _scenario(tmp: Path, nats: NatsCluster) -> None:

@@ -1,0 +1,39 @@
+"""rackctl as an operator's script runs it, for the integration tests: the real console entry
+point in a subprocess (``python -m rackctl``), no user config (``HOME`` elsewhere), a wide
+terminal, a 60 s bound. Shared by tests/integration/test_rackctl_fleet.py and
+test_rackctl_pair.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+__all__ = ["RACKCTL_TIMEOUT_S", "rackctl", "rackctl_json"]
+
+RACKCTL_TIMEOUT_S = 60.0
+
+
+async def rackctl(*argv: str) -> tuple[int, str, str]:
+    """Run ``rackctl ARGV``; (exit code, stdout, stderr).
+
+    Raises:
+        TimeoutError: it ran longer than `RACKCTL_TIMEOUT_S`.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rackctl", *argv, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env={**os.environ, "HOME": "/nonexistent",
+                                             "COLUMNS": "250"})
+    out, err = await asyncio.wait_for(proc.communicate(), RACKCTL_TIMEOUT_S)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def rackctl_json(*argv: str) -> tuple[int, dict[str, Any]]:
+    """Run ``rackctl ARGV`` (ARGV asks for ``--json``); (exit code, the JSON object it
+    printed). Fails the test (with its stderr) when it printed nothing."""
+    code, out, err = await rackctl(*argv)
+    assert out, err
+    doc: dict[str, Any] = json.loads(out)
+    return code, doc
