@@ -11,23 +11,29 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["RACKCTL_TIMEOUT_S", "rackctl", "rackctl_json"]
+__all__ = ["RACKCTL_TIMEOUT_S", "entry_point", "rackctl", "rackctl_json"]
 
 RACKCTL_TIMEOUT_S = 60.0
 
 
-async def rackctl(*argv: str) -> tuple[int, str, str]:
-    """Run ``rackctl ARGV``; (exit code, stdout, stderr).
+async def entry_point(module: str, *argv: str) -> tuple[int, str, str]:
+    """Run ``python -m MODULE ARGV`` (a console entry point: rackctl, rlc ...); (exit code,
+    stdout, stderr).
 
     Raises:
         TimeoutError: it ran longer than `RACKCTL_TIMEOUT_S`.
     """
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rackctl", *argv, stdout=asyncio.subprocess.PIPE,
+        sys.executable, "-m", module, *argv, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env={**os.environ, "HOME": "/nonexistent",
                                              "COLUMNS": "250"})
     out, err = await asyncio.wait_for(proc.communicate(), RACKCTL_TIMEOUT_S)
     return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def rackctl(*argv: str) -> tuple[int, str, str]:
+    """Run ``rackctl ARGV`` (`entry_point`)."""
+    return await entry_point("rackctl", *argv)
 
 
 async def rackctl_json(*argv: str) -> tuple[int, dict[str, Any]]:

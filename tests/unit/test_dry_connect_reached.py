@@ -60,3 +60,14 @@ def test_tray_agent_with_no_source_enabled_fails(tmp_path: Path) -> None:
     assert code == 1, (out, err)
     assert "nvml: disabled" in out and "sysfs: disabled" in out
     assert "reached nothing" in err, err
+
+
+def test_rlc_whose_nats_does_not_answer_fails(tmp_path: Path) -> None:
+    from rlc.cli import app as rlc_app
+
+    cfg = tmp_path / "rlc.toml"
+    cfg.write_text(f'[fleet]\nservers = ["nats://127.0.0.1:{free_port()}"]\n')
+    code, out, err = _run(rlc_app, "--config", str(cfg), "--dry-connect")
+    assert code == 1, (out, err)
+    assert "dry connect: fleet bucket rackplane_fleet on nats://127.0.0.1:" in \
+        " ".join(err.split()), err
