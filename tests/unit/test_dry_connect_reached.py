@@ -71,3 +71,41 @@ def test_rlc_whose_nats_does_not_answer_fails(tmp_path: Path) -> None:
     assert code == 1, (out, err)
     assert "dry connect: fleet bucket rackplane_fleet on nats://127.0.0.1:" in \
         " ".join(err.split()), err
+
+
+async def test_valvey_names_the_cdu_points_it_could_not_read() -> None:
+    """A CDU that answers some points: the table shows all, exit 1, stderr names the rest
+    (it exited 1 without a word)."""
+    import asyncio
+    import contextlib
+    import io
+
+    from rich.console import Console
+
+    from rackplane.core.registers import parse_register_map
+    from rackplane.settings import ModbusTargetSettings
+    from sims.modbus_face import ModbusFace
+    from valvey.cli import _dry_connect
+
+    good = [{"name": "supply_temp_c", "table": "input", "address": 0, "type": "uint16"},
+            {"name": "flow_lpm", "table": "input", "address": 2, "type": "uint16"}]
+    absent = [{"name": "dp_kpa", "table": "input", "address": 30, "type": "uint16"}]
+    face = ModbusFace(parse_register_map({"device": {"name": "cdu"}, "points": good}))
+    face.update({"supply_temp_c": 30, "flow_lpm": 400})
+    await face.start()
+    try:
+        target = ModbusTargetSettings.model_validate({
+            "name": "cdu", "host": "127.0.0.1", "port": face.port, "unit_id": 1,
+            "register_map": "cdu", "timeout_s": 0.5})
+        regmap = parse_register_map({"device": {"name": "cdu"}, "points": good + absent})
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = await asyncio.to_thread(_dry_connect, target,  # type: ignore[arg-type]
+                                           regmap, Console(file=out, width=200))
+    finally:
+        await face.stop()
+    assert code == 1
+    assert "supply_temp_c" in out.getvalue() and "dp_kpa" in out.getvalue()
+    said = " ".join(err.getvalue().split())
+    assert f"dry connect: 2 of 3 CDU points usable; not usable: dp_kpa (127.0.0.1:{face.port} " \
+        "unit 1)" in said, said
