@@ -1,7 +1,7 @@
 """rackctl: the operator's CLI: commands to the daemons, a live view of their state and
 alarms, the demo, replay of the embedded store, lock-step runs, the contract's schemas.
 
-Exit codes of ``cmd`` and ``watch`` (for scripts): 0 ok; 1 the daemon refused the command (an
+Exit codes of cmd and watch (for scripts): 0 ok; 1 the daemon refused the command (an
 error reply) or the broker's ACL refused it; 2 usage or settings (bad flag, bad file, login
 refused by the broker); 3 no broker or no reply in time.
 """
@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from rackplane.cli import EXIT_CONFIG, EXIT_RUNTIME, fail_config
+from rackctl.watch_view import WatchView as _WatchView
+from rackctl.watch_view import flatten
+from rackplane.cli import EXIT_CONFIG, EXIT_RUNTIME, fail_config, typer_app
 from rackplane.errors import ConfigError, MqttError, SpoolError
 from rackplane.log import configure_logging
 from rackplane.settings import TsdbSettings
@@ -44,7 +46,7 @@ __all__ = [
     "watch",
 ]
 
-app: typer.Typer = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
+app: typer.Typer = typer_app(help=__doc__, no_args_is_help=True)
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -52,7 +54,7 @@ EXIT_USAGE = EXIT_CONFIG  # 2
 EXIT_NO_BROKER = 3
 
 
-@app.command()
+@app.command(short_help="Run the demo on the rack simulator.")
 def demo(
     duration: Annotated[
         float | None,
@@ -103,7 +105,7 @@ def demo(
         raise typer.Exit(EXIT_RUNTIME)
 
 
-@app.command()
+@app.command(short_help="Send a spool to an InfluxDB.")
 def replay(
     spool: Annotated[Path, typer.Argument(help="spool / embedded-store folder")],
     url: Annotated[str, typer.Option(help="InfluxDB URL, e.g. http://influx:8086")],
@@ -191,7 +193,8 @@ def _one_line(err: Exception) -> str:
     return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(short_help="Run scenarios in lock-step with the simulators.",
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def lockstep(
     ctx: typer.Context,
     scenario: Annotated[str, typer.Argument(
@@ -203,10 +206,14 @@ def lockstep(
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", help="valvey config (valvey only)")] = None,
 ) -> None:
-    """Run a daemon's scenarios in lock-step with the simulators (no sockets) and print the
-    figures. valvey: the scenario report's figures (`harness.lockstep_valvey.figures`) and
-    the step errors on the measured PV. racky: `harness.lockstep_racky` ``run SCENARIO``
-    (summary), ``validate --stage node|rack|multi-rack --out DIR`` (exit 1 when it fails)."""
+    """Run a daemon's scenarios in lock-step with the simulators (no sockets).
+
+    valvey: runs SCENARIO and prints the scenario report's figures and the step errors on the
+    measured supply temperature. racky: "run SCENARIO" prints a summary; "validate --stage
+    node|rack|multi-rack --out DIR" writes the validation report (exit 1 when it fails).
+
+    \f
+    valvey: `harness.lockstep_valvey.figures`; racky: `harness.lockstep_racky`."""
     if daemon == "racky":
         if config is not None:
             _fail("--config is valvey's; racky's lock-step runs take their own options",
@@ -295,7 +302,7 @@ def _lazy_main(module: str) -> Any:
     return fn
 
 
-@app.command("bench")
+@app.command("bench", short_help="Run the benchmarks.")
 def bench(
     out: Annotated[Path, typer.Option("--out", help="folder for results.json, results.md "
                                       "and plots")],
@@ -314,7 +321,7 @@ def bench(
                                 chaos_failovers=chaos_failovers))
 
 
-@app.command("scenarios")
+@app.command("scenarios", short_help="Run the standard scenarios into a report.")
 def scenarios(
     out: Annotated[Path, typer.Option("--out", help="folder for the scenario report")],
     quick: Annotated[bool, typer.Option("--quick", help="fewer seeds, shorter traces")
@@ -376,16 +383,6 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _flatten(value: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, str]]:
-    if isinstance(value, dict) and value and depth < 3:
-        rows: list[tuple[str, str]] = []
-        for k, v in value.items():
-            rows += _flatten(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
-        return rows
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return [(prefix or "-", text if len(text) <= 120 else text[:119] + "…")]
-
-
 def _reply_table(daemon: str, verb: str, reply: dict[str, Any]) -> Table:
     ok = bool(reply.get("ok"))
     err = reply.get("error") or {}
@@ -399,12 +396,12 @@ def _reply_table(daemon: str, verb: str, reply: dict[str, Any]) -> Table:
     t.add_row("request_id", Text(str(reply.get("request_id"))))
     if not ok:
         t.add_row("error", Text(str(err.get("message", ""))))
-    for key, text in _flatten(reply.get("state") or {}):
+    for key, text in flatten(reply.get("state") or {}):
         t.add_row(Text(key), Text(text))
     return t
 
 
-@app.command("cmd")
+@app.command("cmd", short_help="Send one command to a daemon.")
 def cmd(
     daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey or racky")],
     verb: Annotated[str, typer.Argument(help="verb, e.g. get_state, set_setpoint")],
@@ -490,55 +487,14 @@ def cmd(
     raise typer.Exit(EXIT_OK if reply.get("ok") is True else EXIT_REFUSED)
 
 
-class _WatchView:
-    """What `watch` shows: the latest status, each state thing and the active alarms."""
-
-    def __init__(self, daemon: str) -> None:
-        from rackctl.pair import PairView
-
-        self.daemon = daemon
-        self.pair = PairView()  # status and status/<instance> (a pair: rackctl/pair.py)
-        self.states: dict[str, Any] = {}
-        self.alarms: dict[str, Any] = {}
-
-    def update(self, kind: str, name: str, body: Any) -> None:
-        if kind == "status":
-            self.pair.update(kind, name, body)
-        elif kind == "state":
-            self.pair.update(kind, name, body)
-            self.states[name] = body
-        elif kind == "alarm":
-            if body is None:
-                self.alarms.pop(name, None)
-            else:
-                self.alarms[name] = body
-
-    def render(self) -> Group:
-        parts: list[Any] = [self.pair.status_line(self.daemon)]
-        for thing, body in sorted(self.states.items()):
-            t = Table(title=Text(f"state/{thing}"), show_header=False, title_justify="left")
-            t.add_column("key", style="cyan")
-            t.add_column("value", overflow="fold")
-            for key, text in _flatten(body if isinstance(body, dict) else {"value": body})[:40]:
-                t.add_row(Text(key), Text(text))  # the daemon's text, never markup
-            parts.append(t)
-        a = Table(title=f"alarms ({len(self.alarms)})", title_justify="left")
-        for col in ("id", "severity", "state", "acked", "shelved", "message"):
-            a.add_column(col)
-        for alarm_id, body in sorted(self.alarms.items()):
-            b = body if isinstance(body, dict) else {}
-            a.add_row(*(Text(str(v)) for v in (
-                alarm_id, b.get("severity", ""), b.get("state", ""), b.get("acked", ""),
-                b.get("shelved", ""), b.get("message", ""))))
-        parts.append(a)
-        return Group(*parts)
-
-
-@app.command("watch")
+@app.command("watch", short_help="Show a daemon's status, state and alarms live.")
 def watch(
     daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey")],
     json_out: Annotated[bool, typer.Option(
         "--json", help="one JSON object per message on stdout (for scripts)")] = False,
+    plain: Annotated[bool, typer.Option(
+        "--plain", help="one text line per message (the default when stdout is not a "
+        "terminal) instead of the live view")] = False,
     duration: Annotated[float | None, typer.Option(
         min=0.0, help="stop after this many seconds (default: until Ctrl-C)")] = None,
     config: ConfigOpt = None,
@@ -554,7 +510,10 @@ def watch(
     topic_root: RootOpt = None,
     connect_timeout: ConnectTimeoutOpt = None,
 ) -> None:
-    """Show a daemon's status, state and alarms live (retained values first)."""
+    """Show a daemon's status, state and alarms live (retained values first).
+
+    On a terminal a live view redrawn in place; otherwise (a pipe, a file) or with --plain
+    one text line per message as it arrives; with --json one JSON object per message."""
     from rackctl.client import BrokerRefused, BrokerUnavailable, CommandClient, watch_filters
     from rackplane.io.mqtt import Message
 
@@ -569,6 +528,8 @@ def watch(
         _fail(f"invalid daemon: {_one_line(err)}", EXIT_USAGE)
     view = _WatchView(daemon)
     base = topics.base + "/"
+    # a live view redraws in place: on a pipe or a file it showed nothing until the end
+    plain = plain or not sys.stdout.isatty()
 
     def classify(topic: str) -> tuple[str, str]:
         rest = topic[len(base):] if topic.startswith(base) else topic
@@ -592,13 +553,18 @@ def watch(
                 sys.stdout.flush()
                 return
             view.update(kind, name, body)
+            if plain:
+                for text in view.lines(kind, name, body):
+                    sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+                return
             if live is not None:
                 live.update(view.render())
 
         for flt in watch_filters(topics):
             client.subscribe(flt, on_message, qos=1)
         async with client:
-            if json_out:
+            if json_out or plain:
                 await _sleep_or_forever(duration)
                 return
             with Live(view.render(), refresh_per_second=4, console=Console()) as lv:
@@ -663,7 +629,7 @@ def shipped_schema_sets(contracts: list[Any]) -> dict[str, tuple[Path, dict[str,
     return sets
 
 
-@app.command("schemas")
+@app.command("schemas", short_help="Write or check the contract's JSON Schemas.")
 def schemas(
     write: Annotated[bool, typer.Option(
         "--write", help="regenerate the schema files (and --docs, if given)")] = False,

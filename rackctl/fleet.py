@@ -35,12 +35,13 @@ from rich.table import Table
 from rich.text import Text
 
 from rackctl import cli
+from rackplane.cli import typer_app
 from rackplane.core.budget_leases import BudgetLease, RackReport, budget_key, rack_key
 
 __all__ = ["FleetView", "fleet_app", "status"]
 
-fleet_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                        help="The fleet tier (rlc): row budgets and budget leases.")
+fleet_app = typer_app(no_args_is_help=True,
+                      help="The fleet tier (rlc): row budgets and budget leases.")
 cli.app.add_typer(fleet_app, name="fleet")
 
 
@@ -194,24 +195,32 @@ def _view_of(cfg: Any) -> FleetView:
     return FleetView(cfg.topology.site, rows, places, {}, {})
 
 
-@fleet_app.command("status")
+@fleet_app.command("status", short_help="Row budgets and budget leases (read-only).")
 def status(
     rlc_config: Annotated[Path, typer.Option(
-        "--rlc-config", help="rlc's config file: topology and \\[fleet] connection")],
+        "--rlc-config", help="rlc's config file: topology and [fleet] connection")],
     servers: Annotated[list[str] | None, typer.Option(
-        "--server", help="a NATS server URL (repeat; default: \\[fleet] servers)")] = None,
-    bucket: Annotated[str | None, typer.Option(help="default: \\[fleet] bucket")] = None,
+        "--server", help="a NATS server URL (repeat; default: [fleet] servers)")] = None,
+    bucket: Annotated[str | None, typer.Option(help="default: [fleet] bucket")] = None,
     username: Annotated[str | None, typer.Option(
-        help="NATS user (default: \\[fleet] username)")] = None,
+        help="NATS user (default: [fleet] username)")] = None,
     password_env: Annotated[str | None, typer.Option(
-        help="env var holding the NATS password (default: \\[fleet] password_env)")] = None,
+        help="env var holding the NATS password (default: [fleet] password_env)")] = None,
     timeout: Annotated[float, typer.Option(
         min=0.1, max=30.0, help="seconds per NATS request")] = 2.0,
     json_out: cli.JsonOpt = False,
 ) -> None:
-    """Row budgets and budget leases from the fleet KV bucket (read-only; module docstring).
+    """Row budgets and budget leases from the fleet KV bucket (read-only).
+
+    Per row its limit, the leases in force and what its racks may draw; per rack its lease
+    (value, epoch/seq, seconds left), older grants not yet released, and its report (demand,
+    budget enforced, ack, age, floor and safe caps). Nothing is written.
+
     Exit 0 all within limits, 1 a row over its limit or a bad / missing record, 2 bad config,
-    3 NATS or the bucket unreachable."""
+    3 NATS or the bucket unreachable.
+
+    \f
+    The rules: the module docstring."""
     import os
 
     from rackplane.errors import ConfigError

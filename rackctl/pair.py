@@ -167,7 +167,7 @@ def pair_filters(base: str) -> list[str]:
     return [f"{base}/status", f"{base}/status/+", f"{base}/state/+"]
 
 
-@cli.app.command("pair")
+@cli.app.command("pair", short_help="Show a daemon's pair: active instance, epoch.")
 def pair(
     daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey")],
     wait: Annotated[float, typer.Option(
@@ -188,8 +188,10 @@ def pair(
 ) -> None:
     """Show whether a daemon runs single or as a pair; for a pair which instance is active,
     its epoch, the lease's remaining time, its last lease change, each instance's sync age
-    and pair alarms. Exit 0 when the daemon is online (a pair: exactly one active), 1 when
-    not (offline, no active, two active, nothing retained), 2/3 as for ``cmd``."""
+    and pair alarms.
+
+    Exit 0 when the daemon is online (a pair: exactly one active), 1 when not (offline, no
+    active, two active, nothing retained), 2/3 as for cmd."""
     from rackctl.client import BrokerRefused, BrokerUnavailable, CommandClient
     from rackplane.io.mqtt import Message
 
@@ -241,7 +243,7 @@ def pair(
     raise typer.Exit(cli.EXIT_OK if view.daemon_status() == "online" else cli.EXIT_REFUSED)
 
 
-@cli.app.command("handover")
+@cli.app.command("handover", short_help="Hand a pair's active role to the standby.")
 def handover(
     daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey")],
     reason: Annotated[str | None, typer.Option(help="why (logged by the daemon)")] = None,
@@ -264,9 +266,10 @@ def handover(
     connect_timeout: cli.ConnectTimeoutOpt = None,
 ) -> None:
     """Planned maintenance: the pair's active instance releases its lease and the standby
-    takes over bumplessly (verb ``handover``, role operator; docs/OPERATIONS.md §6). Exit 0
-    released, 1 refused (e.g. ``unavailable``: the KV store did not confirm, nothing
-    released; ``unknown_verb``: a single instance), 2/3 as for ``cmd``."""
+    takes over bumplessly (verb handover, role operator; docs/OPERATIONS.md §6).
+
+    Exit 0 released, 1 refused (e.g. unavailable: the KV store did not confirm, nothing
+    released; unknown_verb: a single instance), 2/3 as for cmd."""
     from rackctl.client import (
         BrokerRefused,
         BrokerUnavailable,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
+import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -30,11 +31,21 @@ __all__ = [
     "run_async",
     "samples_table",
     "setup_logging",
+    "typer_app",
 ]
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
+
+
+def typer_app(**kw: Any) -> typer.Typer:
+    """A typer application whose ``--help`` is plain text: every paragraph re-wrapped to the
+    terminal's width (a docstring's own line breaks never show as a sentence cut in two) and
+    no rich markup read in the help (``[log] level`` stays as written). A command's docstring
+    after a line holding only ``\\f`` is for the code's readers, never shown. ``kw``: as
+    ``typer.Typer`` (``add_completion`` is off)."""
+    return typer.Typer(add_completion=False, rich_markup_mode=None, **kw)
 
 
 def fail_config(err: ConfigError) -> None:

@@ -25,6 +25,7 @@ from rackplane.cli import (
     fail_config,
     run_async,
     setup_logging,
+    typer_app,
 )
 from rackplane.config import example_toml
 from rackplane.errors import ConfigError
@@ -79,7 +80,7 @@ def daemon_app(spec: DaemonCli[L]) -> typer.Typer:
     kw: dict[str, Any] = {}
     if spec.no_args_is_help is not None:
         kw["no_args_is_help"] = spec.no_args_is_help
-    app = typer.Typer(add_completion=False, help=spec.app_help, **kw)
+    app = typer_app(help=spec.app_help, **kw)
 
     def command(
         config: Annotated[

@@ -45,7 +45,10 @@ def _summary(cfg: RackyConfig, config: Path | None) -> str:
 
 
 def _dry_connect(cfg: RackyConfig, console: Console) -> int:
-    """Read every configured shelf once; probe every discovery unit id once."""
+    """Read every configured shelf once; probe every discovery unit id once. Exit 0 when
+    every configured shelf answered and at least one shelf did; 1 otherwise: a shelf that
+    did not answer, or nothing read at all (no shelf configured and discovery off, or no
+    shelf found): a dry connect that reached no device proves nothing."""
 
     async def read(target: object) -> list[Sample]:
         assert hasattr(target, "register_map")
@@ -59,8 +62,10 @@ def _dry_connect(cfg: RackyConfig, console: Console) -> int:
         d = cfg.discovery
         targets += [shelf_target(cfg, u) for u in range(d.unit_id_first, d.unit_id_last + 1)]
     if not targets:
-        console.print("no power shelves configured and discovery is off: nothing to read")
-        return EXIT_OK
+        Console(stderr=True).print(
+            "dry connect read nothing: no power_shelves configured and discovery is off "
+            "(configure [[power_shelves]] or enable [discovery])", markup=False, highlight=False)
+        return EXIT_RUNTIME
     found = 0
     for t in targets:
         try:
@@ -80,6 +85,14 @@ def _dry_connect(cfg: RackyConfig, console: Console) -> int:
         title = f"{t.name} {t.host}:{t.port} unit {t.unit_id}"
         console.print(samples_table(title, samples, {}))
     console.print(f"{found} of {len(targets)} shelves answered")
+    if found == 0:
+        d = cfg.discovery
+        where = (f"; discovery {d.host}:{d.port} units {d.unit_id_first}..{d.unit_id_last}"
+                 if d.enabled else "")
+        Console(stderr=True).print(
+            f"dry connect reached no power shelf ({len(cfg.power_shelves)} configured{where})",
+            markup=False, highlight=False)
+        return EXIT_RUNTIME
     return rc
 
 
@@ -87,8 +100,8 @@ app = daemon_app(DaemonCli(
     name="racky",
     help="""racky: rack power capping and sequencing, link health, thermal and traffic detection,
     the rack lifecycle (Modbus TCP, MQTT, InfluxDB). Validation on the simulator:
-    ``rackctl lockstep --daemon racky validate``; on a live rack: the ``start_validation``
-    command (docs/RACKY.md).""",
+    "rackctl lockstep --daemon racky validate"; on a live rack: the start_validation command
+    (docs/RACKY.md).""",
     app_help=__doc__,
     config_model=RackyConfig,
     load=_load,

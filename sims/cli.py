@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from rackplane.cli import LogFormat, LogLevel, fail_config, run_async
+from rackplane.cli import LogFormat, LogLevel, fail_config, run_async, typer_app
 from rackplane.errors import ConfigError
 from rackplane.io.service import run_daemon
 from rackplane.log import configure_logging
@@ -18,17 +18,17 @@ from sims.scenario import FabricSpec, list_scenarios, load_scenario
 
 __all__ = ["list_cmd", "main", "run"]
 
-app = typer.Typer(add_completion=False, help=__doc__, no_args_is_help=True)
+app = typer_app(help=__doc__, no_args_is_help=True)
 
 
-@app.command("list")
+@app.command("list", short_help="List the bundled scenarios.")
 def list_cmd() -> None:
     """One bundled scenario a line: name, duration, description."""
     for s in list_scenarios():
         typer.echo(f"{s.name}\t{s.duration_s:g} s\t{s.description}")
 
 
-@app.command()
+@app.command(short_help="Run a scenario in real time.")
 def run(
     scenario: Annotated[
         str, typer.Option("--scenario", "-s", help="bundled name or a TOML path")

@@ -32,20 +32,14 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from rackplane.commands import CommandRouter, LeaseGate
-from rackplane.config import (
-    check_environment,
-    check_state_file_dir,
-    load_config,
-    secret_from_env,
-)
+from rackplane.config import secret_from_env
 from rackplane.core.envelope import CommandContext
 from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask
 from rackplane.errors import CommandError, ConfigError
 from rackplane.io.mqtt import MqttLink
 from rackplane.io.statefile import StateFile, StateFileError
 from rackplane.paths import in_state_directory
-from rackplane.settings import environment_checks
-from trayagent.config import TrayAgentConfig
+from trayagent.config import TrayAgentConfig, load_tray_agent_config
 from trayagent.contract import SetPowerLimitsArgs
 from trayagent.core.bmc import BmcReading, ControlResult
 from trayagent.core.caps import CapBook, DeviceLimits, StaleEpoch, Target
@@ -70,21 +64,6 @@ __all__ = ["TrayAgent", "load_tray_agent_config"]
 EPOCH_FORMAT = "tray-agent-epochs"
 
 
-def load_tray_agent_config(path: str | os.PathLike[str] | None) -> TrayAgentConfig:
-    """Load and validate the config; the epoch file's folder must be usable.
-
-    Raises:
-        ConfigError: naming the key path.
-    """
-    cfg = load_config(TrayAgentConfig, path)
-    check_state_file_dir("caps.epoch_file", in_state_directory(cfg.caps.epoch_file))
-    check_environment({
-        **environment_checks(cfg.mqtt, cfg.tsdb),
-        **{f"agents.trays[{i}].bmc.password_env": t.bmc.password_env
-           for i, t in enumerate(cfg.agents.trays) if t.bmc is not None}})
-    return cfg
-
-
 @dataclass(slots=True)
 class _Gpu:
     tray: int
@@ -96,6 +75,7 @@ class _Gpu:
     would_set_w: float | None = None
     set_w: float | None = None
     set_mono: float = -math.inf
+    safe_clamped: str | None = None  # why the safe cap was last moved into its limits
 
 
 class TrayAgent(DaemonFrame[TrayAgentConfig]):
@@ -324,7 +304,17 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
             for i, tg in enumerate(self.book.targets(t, lims, self.non_gpu_w[t])):
                 if g_read(gs[i]):
                     out[(t, i)] = tg
+                    self._say_safe_clamp(gs[i], tg)
         return out
+
+    def _say_safe_clamp(self, g: _Gpu, tg: Target) -> None:
+        """Log (once per change) a safe cap moved into a GPU's device limits: the device's
+        maximum is below caps.safe_gpu_cap_w (or its minimum above)."""
+        why = tg.clamped if tg.source == "safe" and tg.watts is not None else None
+        if why is not None and why != g.safe_clamped:
+            self.log.warning("safe_gpu_cap_clamped", gpu=g.gpu, device=g.device, reason=why,
+                             safe_gpu_cap_w=tg.wanted_w, held_w=tg.watts)
+        g.safe_clamped = why
 
     def _enforce(self, targets: Mapping[tuple[int, int], Target], reread: bool) -> bool:
         """Set every GPU whose read-back differs from its target (dry run: log it once) and,

@@ -36,12 +36,15 @@ def _out(console: Console, text: str) -> None:
 def dry_connect(cfg: TrayAgentConfig, console: Console, source: GpuSource | None = None
                 ) -> int:
     """Read every source once and print every reading; exit 0, or 1 when a source could not
-    be opened or a configured GPU could not be read. Never sets anything."""
-    rc = max(_dry_connect_links(cfg, console), _dry_connect_bmcs(cfg, console))
+    be opened, a configured GPU could not be read, or nothing was reached at all (no GPU, BMC
+    or port: a dry connect that read nothing proves nothing). Never sets anything."""
+    rc_links, ports = _dry_connect_links(cfg, console)
+    rc_bmcs, bmcs = _dry_connect_bmcs(cfg, console)
+    rc = max(rc_links, rc_bmcs)
     kind = cfg.agents.source
     if kind == "nvml" and not cfg.nvml.enabled:
         _out(console, "nvml: disabled")
-        return rc
+        return rc if _reached_any(console, ports + bmcs) else EXIT_RUNTIME
     src = source if source is not None else make_source(cfg)
     try:
         n = src.open()
@@ -50,6 +53,9 @@ def dry_connect(cfg: TrayAgentConfig, console: Console, source: GpuSource | None
         _out(console, f"{kind}: {err}")
         return EXIT_RUNTIME
     _out(console, f"{kind}: {n} GPUs")
+    if not _reached_any(console, n + ports + bmcs):
+        src.close()
+        return EXIT_RUNTIME
     try:
         configured = {d: (t.tray, t.tray * cfg.agents.gpus_per_tray + i)
                       for t in cfg.agents.trays for i, d in enumerate(t.nvml_devices)}
@@ -74,6 +80,16 @@ def dry_connect(cfg: TrayAgentConfig, console: Console, source: GpuSource | None
     return rc
 
 
+def _reached_any(console: Console, reached: int) -> bool:
+    """False (said on stderr) when the dry connect read no GPU, BMC or port."""
+    if reached:
+        return True
+    Console(stderr=True).print("dry connect reached nothing: no GPU found, no BMC read, no "
+                               "port read (check nvml / dcgm, agents.trays[].bmc, sysfs)",
+                               markup=False, highlight=False)
+    return False
+
+
 def _print_health(console: Console, dev: int, h: GpuHealth) -> None:
     """One device's NVLink and ECC figures (`NvmlSource.read_health`)."""
     _out(console, f"device {dev}: ecc corrected/uncorrected volatile="
@@ -86,9 +102,11 @@ def _print_health(console: Console, dev: int, h: GpuHealth) -> None:
         _out(console, f"device {dev}: {k}: {why}")
 
 
-def _dry_connect_bmcs(cfg: TrayAgentConfig, console: Console) -> int:
-    """Read every tray's BMC once and print its figures; 1 when one could not be read."""
+def _dry_connect_bmcs(cfg: TrayAgentConfig, console: Console) -> tuple[int, int]:
+    """Read every tray's BMC once and print its figures; (1 when one could not be read else
+    0, how many BMCs were read without an error)."""
     rc = EXIT_OK
+    read = 0
     for t in cfg.agents.trays:
         b = t.bmc
         if b is None:
@@ -111,16 +129,19 @@ def _dry_connect_bmcs(cfg: TrayAgentConfig, console: Console) -> int:
             _out(console, f"bmc tray {t.tray}: {k}: {why}")
         if r.errors:
             rc = EXIT_RUNTIME
-    return rc
+        else:
+            read += 1
+    return rc, read
 
 
-def _dry_connect_links(cfg: TrayAgentConfig, console: Console) -> int:
+def _dry_connect_links(cfg: TrayAgentConfig, console: Console) -> tuple[int, int]:
     """Read every configured (or found) port twice, 1 s apart, and print its counters, widths
-    and rates (unknown where they cannot vouch); 1 when a configured port is missing."""
+    and rates (unknown where they cannot vouch); (1 when a configured port is missing else 0,
+    how many ports were read)."""
     s = cfg.sysfs
     if not s.enabled:
         _out(console, "sysfs: disabled")
-        return EXIT_OK
+        return EXIT_OK, 0
     links = SysfsLinks(s.root, ib_extended_counters=s.ib_extended_counters)
     names = s.ports or links.discover()
     _out(console, f"sysfs: {len(names)} ports under {s.root}")
@@ -129,6 +150,7 @@ def _dry_connect_links(cfg: TrayAgentConfig, console: Console) -> int:
         rates.update(links.read(n, time.monotonic()))
     time.sleep(1.0)
     rc = EXIT_OK
+    read = 0
     for n in names:
         r = links.read(n, time.monotonic())
         got = rates.update(r)
@@ -144,7 +166,8 @@ def _dry_connect_links(cfg: TrayAgentConfig, console: Console) -> int:
             _out(console, f"port {n}: {k}: {why}")
         if "port" in r.errors and s.ports:
             rc = EXIT_RUNTIME
-    return rc
+        read += "port" not in r.errors
+    return rc, read
 
 
 app = daemon_app(DaemonCli(

@@ -11,17 +11,29 @@ the working directory.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rackplane.config import StrictModel
-from rackplane.core.tray_contract import AGENT_SAFE_GPU_CAP_W
-from rackplane.settings import CommandSettings, DaemonSettings, TopicLevel
+from rackplane.config import StrictModel, check_environment, check_state_file_dir, load_config
+from rackplane.core.tray_contract import (
+    AGENT_GPU_MAX_POWER_LIMIT_W,
+    AGENT_SAFE_GPU_CAP_W,
+    GPU_POWER_LIMIT_PLAUSIBLE_MAX_W,
+)
+from rackplane.paths import in_state_directory
+from rackplane.settings import CommandSettings, DaemonSettings, TopicLevel, environment_checks
 
-__all__ = ["AgentControl", "AgentsSettings", "BmcSettings", "CapSettings", "DcgmSettings",
-           "NvmlSettings", "SysfsSettings", "TrayAgentConfig", "TraySettings"]
+__all__ = ["NON_GPU_SHARE_MAX", "AgentControl", "AgentsSettings", "BmcSettings", "CapSettings",
+           "DcgmSettings", "NvmlSettings", "SysfsSettings", "TrayAgentConfig", "TraySettings",
+           "load_tray_agent_config"]
+
+
+NON_GPU_SHARE_MAX = 3.0
+"""A tray's power outside its GPUs is at most this many times its GPUs' power at their
+maximum (racky's ``node_agents.other_share`` bound; GB200 NVL72: 0.486)."""
 
 
 class AgentControl(StrictModel):
@@ -199,13 +211,21 @@ class SysfsSettings(StrictModel):
 class CapSettings(StrictModel):
     """Per-GPU power caps through NVML (node-agent contract v1 set_power_limits)."""
 
+    gpu_max_power_limit_w: float = Field(
+        AGENT_GPU_MAX_POWER_LIMIT_W, gt=0, le=GPU_POWER_LIMIT_PLAUSIBLE_MAX_W,
+        description="the highest power limit this host's GPUs accept, W (NVML's maximum "
+        "power limit, printed by --dry-connect as max_w; B200 1200, GB300 1400): the bound "
+        "of every per-GPU cap and limit in this file (safe_gpu_cap_w; each tray's "
+        "non_gpu_power_w is bounded by it too): above it a value is refused at --check-config "
+        "instead of being clamped to the device later")
     safe_gpu_cap_w: float = Field(
-        AGENT_SAFE_GPU_CAP_W, gt=0, le=5000, description="per-GPU limit held from the start "
-        "until racky's first command and whenever racky's caps expire (its TTL ran out: racky "
-        "silent), W; never uncapped. Clamped into each device's [min, max] limits; stated in "
-        "the telemetry (agent.safe_gpu_cap_w). In a fleet, at most racky's [fleet] "
-        "agent_safe_gpu_cap_w (the same default): rlc counts on a silent rack's trays drawing "
-        "no more")
+        AGENT_SAFE_GPU_CAP_W, gt=0, allow_inf_nan=False,
+        description="per-GPU limit held from the start until racky's first command and "
+        "whenever racky's caps expire (its TTL ran out: racky silent), W; never uncapped. At "
+        "most gpu_max_power_limit_w; clamped into each device's [min, max] limits (logged "
+        "safe_gpu_cap_clamped); stated in the telemetry (agent.safe_gpu_cap_w). In a fleet, "
+        "at most racky's [fleet] agent_safe_gpu_cap_w (the same default): rlc counts on a "
+        "silent rack's trays drawing no more")
     dry_run: bool = Field(
         False, description="never set a limit: log what would be set (read-only checks on a "
         "real GPU)")
@@ -218,6 +238,20 @@ class CapSettings(StrictModel):
     epoch_file: Path = Field(
         Path("tray-agent-epochs.json"), description="the newest command epoch per tray, "
         "persisted (a restarted agent still refuses older commands)")
+
+    @model_validator(mode="after")
+    def _within_the_gpus(self) -> CapSettings:
+        if self.safe_gpu_cap_w > self.gpu_max_power_limit_w:
+            raise ValueError(
+                f"safe_gpu_cap_w = {self.safe_gpu_cap_w:g} W is above gpu_max_power_limit_w = "
+                f"{self.gpu_max_power_limit_w:g} W, the highest limit this host's GPUs accept: "
+                "the GPUs would be clamped to their maximum, not held at a safe cap (W, not "
+                "kW? if the GPUs accept more, raise gpu_max_power_limit_w to their max_w)")
+        if self.tolerance_w >= self.safe_gpu_cap_w:
+            raise ValueError(
+                f"tolerance_w = {self.tolerance_w:g} W is not below safe_gpu_cap_w = "
+                f"{self.safe_gpu_cap_w:g} W: any read-back would count as the safe cap enforced")
+        return self
 
 
 def _default_commands() -> CommandSettings:
@@ -243,3 +277,32 @@ class TrayAgentConfig(DaemonSettings):
         if any(t.gpu_ports for t in self.agents.trays) and not self.sysfs.enabled:
             raise ValueError("agents.trays[].gpu_ports needs sysfs.enabled = true")
         return self
+
+    @model_validator(mode="after")
+    def _non_gpu_power_plausible(self) -> TrayAgentConfig:
+        # racky's node_agents.other_share is at most 3: a tray's non-GPU power above three
+        # times its GPUs at their maximum is a typo, and it would take all of racky's tray
+        # cap from the GPUs (each then clamped to its device minimum)
+        most = NON_GPU_SHARE_MAX * self.agents.gpus_per_tray * self.caps.gpu_max_power_limit_w
+        for i, t in enumerate(self.agents.trays):
+            if t.non_gpu_power_w > most:
+                raise ValueError(
+                    f"agents.trays[{i}].non_gpu_power_w = {t.non_gpu_power_w:g} W is above "
+                    f"{most:g} W ({NON_GPU_SHARE_MAX:g} × gpus_per_tray × "
+                    "caps.gpu_max_power_limit_w): not a tray's CPUs, NICs and fans")
+        return self
+
+
+def load_tray_agent_config(path: str | os.PathLike[str] | None) -> TrayAgentConfig:
+    """Load and validate the config; the epoch file's folder must be usable.
+
+    Raises:
+        ConfigError: naming the key path.
+    """
+    cfg = load_config(TrayAgentConfig, path)
+    check_state_file_dir("caps.epoch_file", in_state_directory(cfg.caps.epoch_file))
+    check_environment({
+        **environment_checks(cfg.mqtt, cfg.tsdb),
+        **{f"agents.trays[{i}].bmc.password_env": t.bmc.password_env
+           for i, t in enumerate(cfg.agents.trays) if t.bmc is not None}})
+    return cfg

@@ -49,7 +49,9 @@ def _summary(loaded: Loaded, config: Path | None) -> str:
 
 
 def _dry_connect(target: CduTarget, regmap: RegisterMap, console: Console) -> int:
-    """Read every point once; print value, unit, quality and range verdict."""
+    """Read every point once; print value, unit, quality and range verdict. Exit 0 when
+    every point was read usable; 1 otherwise (no answer, a point unusable, or no point
+    read at all), saying which on stderr."""
 
     async def read() -> list[Sample]:
         dev = ModbusDevice(target, regmap, clock=SYSTEM_CLOCK, on_samples=lambda s: None)
@@ -70,7 +72,15 @@ def _dry_connect(target: CduTarget, regmap: RegisterMap, console: Console) -> in
     ranges = {p.name: f"{bound(p.valid_min)}..{bound(p.valid_max)}" for p in regmap.points}
     title = f"{target.name} {target.host}:{target.port} unit {target.unit_id}"
     console.print(samples_table(title, samples, ranges))
-    return EXIT_OK if all(s.usable for s in samples) else EXIT_RUNTIME
+    bad = [s for s in samples if not s.usable]
+    if samples and not bad:
+        return EXIT_OK
+    Console(stderr=True).print(
+        f"dry connect: {len(samples) - len(bad)} of {len(samples)} CDU points usable"
+        + (f"; not usable: {', '.join(s.point for s in bad)}" if bad else "")
+        + f" ({target.host}:{target.port} unit {target.unit_id})", markup=False,
+        highlight=False)
+    return EXIT_RUNTIME
 
 
 def _dry_connect_loaded(loaded: Loaded, console: Console) -> int:

@@ -32,8 +32,9 @@ start_step_test      operator  {step_pct}  (loop in manual)               not_ma
                                                                           out_of_range
 accept_step_test     operator  {}  (the proposed SIMC PI gains)           no_step_test_result
 cancel_step_test     operator  {}                                         -
-start_commissioning  operator  {step_pct}  (loop in auto, steady; bounds:  out_of_range,
-                               commissioning.min/max_step_pct)            commissioning_refused
+start_commissioning  operator  {step_pct, discard_pending: bool}  (loop   out_of_range,
+                               in auto, steady; bounds:                   commissioning_refused,
+                               commissioning.min/max_step_pct)            commissioning_pending
 accept_commissioning operator  {}  (the proposal: gains, FF, strokes)     no_commissioning_
                                                                           proposal, proposal_
                                                                           not_acceptable

@@ -1,9 +1,12 @@
 """valvey's auto-commissioning verbs (issue 21; `valvey.core.commissioning`), registered by
 `valvey.commands.register_valvey_commands` with the others (the table there lists them):
 
-* ``start_commissioning {step_pct}`` (operator): from a steady state in auto; ``step_pct``
-  bounded by ``commissioning.max_step_pct`` either way (``out_of_range``; at least
-  ``min_step_pct`` in size), refused ``commissioning_refused`` naming why;
+* ``start_commissioning {step_pct, discard_pending}`` (operator): from a steady state in
+  auto; ``step_pct`` bounded by ``commissioning.max_step_pct`` either way (``out_of_range``;
+  at least ``min_step_pct`` in size), refused ``commissioning_refused`` naming why, and
+  ``commissioning_pending`` while a proposal awaits accept / reject unless
+  ``discard_pending`` (the reply's ``changed.commissioning.discarded_proposal`` and the log
+  line ``commissioning_proposal_discarded`` then carry it);
 * ``accept_commissioning {}``: apply the proposal (``no_commissioning_proposal``,
   ``proposal_not_acceptable`` for a failed identification);
 * ``reject_commissioning {}``: abort a run (the valve back where it was) or discard a proposal
@@ -20,6 +23,7 @@ from typing import Any
 from pydantic import Field
 
 from rackplane.commands import ArgBound, CommandArgs, CommandContext, NoArgs, json_limits
+from rackplane.log import get_logger
 from rackplane.settings import Role
 from valvey.core.commissioning import STEP_MAX_PCT
 from valvey.core.controller import ValveyCore
@@ -37,6 +41,10 @@ class StartCommissioningArgs(CommandArgs):
                             json_schema_extra=json_limits(-STEP_MAX_PCT, STEP_MAX_PCT),
                             description="valve step [%], commissioning.min_step_pct to "
                             "max_step_pct in size (out_of_range); + opens (supply falls)")
+    discard_pending: bool = Field(
+        False, description="discard a proposal not yet accepted or rejected (reported in the "
+        "reply's changed.commissioning.discarded_proposal); false: refused "
+        "(commissioning_pending) while one is pending")
 
 
 COMMISSIONING_VERBS: dict[str, tuple[type[CommandArgs], Role]] = {
@@ -64,9 +72,18 @@ def commissioning_handlers(
 
     def start(args: StartCommissioningArgs, ctx: CommandContext) -> dict[str, Any]:
         check(ctx)
-        target = core.commissioning.start(core, now_mono(ctx), args.step_pct)
-        return loop_state(core, {"commissioning": {"from": "idle", "to": "stepping",
-                                                   "valve_target_pct": target}})
+        c = core.commissioning
+        before = c.phase
+        pending = c.proposal if before == "proposed" else None
+        target = c.start(core, now_mono(ctx), args.step_pct,
+                         discard_pending=args.discard_pending)
+        changed: dict[str, Any] = {"from": before, "to": "stepping",
+                                   "valve_target_pct": target}
+        if pending is not None:
+            changed["discarded_proposal"] = pending
+            get_logger("valvey").warning("commissioning_proposal_discarded", user=ctx.user,
+                                         request_id=ctx.request_id, proposal=pending)
+        return loop_state(core, {"commissioning": changed})
 
     def accept(_args: NoArgs, ctx: CommandContext) -> dict[str, Any]:
         check(ctx)

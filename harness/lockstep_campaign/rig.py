@@ -7,13 +7,13 @@ and ``state/rack`` JSON handed over, a dict as the KV bucket (compare-and-set by
 from __future__ import annotations
 
 import json
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from harness.lockstep_racky.run import WALL0_NS, _RackyIO, lockstep_config
 from rackplane.clock import FakeClock
-from rackplane.commands import CommandRouter
+from rackplane.commands import CommandAudit, CommandRouter
 from rackplane.io.mqtt import Message, MqttLink
 from rackplane.settings import CommandSettings, Identity, MqttSettings
 from racky.commands import register_racky_commands
@@ -28,7 +28,8 @@ from sims.row import VirtualRack
 from sims.scenario import PlantSpec, ScenarioRun
 from sims.scenario.run import ProtocolFaults
 
-__all__ = ["RackyRack", "RlcSide", "campaign_topology", "drive"]
+__all__ = ["CommandRig", "RackyRack", "RlcSide", "campaign_topology", "drive",
+           "racky_command_rig", "rlc_command_rig"]
 
 RLC_USER = "rlc"
 OPERATOR = "harness"
@@ -52,22 +53,36 @@ class _Quiet:
         return lambda *_a, **_k: None
 
 
-class _Verbs:
-    """A daemon's command router with replies captured; `call` sends one verb as ``user``."""
+class CommandRig:
+    """A daemon's real command router with its replies and audits captured; `call` sends one
+    command envelope as ``user`` and returns the reply. The harness's and the tests' one
+    wiring of racky's and rlc's routers (`racky_command_rig`, `rlc_command_rig`).
 
-    def __init__(self, rack: str, daemon: str, users: Mapping[str, str]) -> None:
-        self.clock = FakeClock(0.0, WALL0_NS)
+    Args:
+        rack: the identity's rack level (topics ``lab/<rack>/<daemon>``).
+        daemon: the daemon's topic level.
+        users: broker user -> role.
+        clock: the router's clock (default: plant second 0 at `WALL0_NS`).
+        log: a structlog-shaped logger (default: events dropped).
+    """
+
+    def __init__(self, rack: str, daemon: str, users: Mapping[str, str], *,
+                 clock: FakeClock | None = None, log: Any = None) -> None:
+        self.clock = clock if clock is not None else FakeClock(0.0, WALL0_NS)
         self.link = MqttLink(MqttSettings(), Identity(site="lab", rack=rack), daemon,
                              clock=self.clock)
         self.replies: list[dict[str, Any]] = []
+        self.audits: list[CommandAudit] = []
         self.n = 0
 
         async def reply(msg: Message, payload: Mapping[str, Any]) -> str:
             self.replies.append(dict(payload))
-            return str(msg.response_topic)
+            assert msg.response_topic is not None, "the rig's envelopes carry a reply topic"
+            return msg.response_topic
 
         self.router = CommandRouter(self.link, CommandSettings(users=dict(users)),
-                                    clock=self.clock, log=_Quiet(), reply=reply)
+                                    clock=self.clock, log=_Quiet() if log is None else log,
+                                    reply=reply, audit=self.audits.append)
 
     def at(self, now: float) -> None:
         """Advance the router's clock to plant second ``now``."""
@@ -82,6 +97,23 @@ class _Verbs:
                       qos=1, retain=False, dup=False, received_mono=self.clock.monotonic())
         drive(self.router.handle(msg))
         return self.replies[-1]
+
+
+def racky_command_rig(core: RackyCore, rack: str, users: Mapping[str, str], *,
+                      clock: FakeClock | None = None, log: Any = None) -> CommandRig:
+    """racky's command router with every racky verb on ``core`` (agent commands dropped)."""
+    rig = CommandRig(rack, "racky", users, clock=clock, log=log)
+    register_racky_commands(rig.router, core, send=lambda _c: None)
+    return rig
+
+
+def rlc_command_rig(driver: CampaignDriver, is_leader: Callable[[], bool],
+                    users: Mapping[str, str], *, clock: FakeClock | None = None,
+                    log: Any = None) -> CommandRig:
+    """rlc's command router with rlc's verbs on ``driver`` (``is_leader``: the lease)."""
+    rig = CommandRig("rlc", "rlc", users, clock=clock, log=log)
+    register_rlc_commands(rig.router, driver, is_leader)
+    return rig
 
 
 class _RackRun:
@@ -121,8 +153,8 @@ class RackyRack:
         self.core = RackyCore(self.cfg, 0.0, ps)
         self.tick = RackyTick(self.cfg, self.core, 0.0, agent_epoch=WALL0_NS // 10**6)
         self.io = _RackyIO(cast(ScenarioRun, _RackRun(vr)), self.cfg, self.tick)
-        self.verbs = _Verbs(name, "racky", {OPERATOR: "operator", RLC_USER: "operator"})
-        register_racky_commands(self.verbs.router, self.core, send=lambda _c: None)
+        self.verbs = racky_command_rig(self.core, name,
+                                       {OPERATOR: "operator", RLC_USER: "operator"})
         self.refused: list[tuple[float, str]] = []
 
     def step(self, now: float) -> None:
@@ -159,8 +191,7 @@ class RlcSide:
     def __init__(self, topo: Topology, resend_s: float = 10.0) -> None:
         self.topo = topo
         self.driver = CampaignDriver(topo, "rackplane", RLC_USER)
-        self.verbs = _Verbs("rlc", "rlc", {OPERATOR: "operator"})
-        register_rlc_commands(self.verbs.router, self.driver, lambda: True)
+        self.verbs = rlc_command_rig(self.driver, lambda: True, {OPERATOR: "operator"})
         self.kv: dict[str, Any] = {"rev": 0, "data": None}
         self.driver.restore(None)
         self.resend_s = resend_s

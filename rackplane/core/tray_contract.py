@@ -49,11 +49,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from rackplane.core.envelope import CommandArgs
 
 __all__ = [
+    "AGENT_GPU_MAX_POWER_LIMIT_W",
     "AGENT_SAFE_GPU_CAP_W",
     "CAP_FIELDS",
     "CLOCK_EVENT_REASONS",
     "COMMAND_TTL_MAX_S",
     "COMMAND_TTL_MIN_S",
+    "GPU_POWER_LIMIT_PLAUSIBLE_MAX_W",
     "PAIR_EPOCH_BASE",
     "POWER_CAP_REASONS",
     "RACKY_CAP_TTL_S",
@@ -99,6 +101,18 @@ the two defaults agree: Σ of a default rack's safe caps (72 GPUs × 200 W × 1.
 200 W is the lowest limit a B200 accepts (racky's ``node_agents.gpu_min_power_limit_w``): an
 agent clamps a lower one up. Each agent states its own in its telemetry (``safe_gpu_cap_w``,
 since 1.2), so racky checks what its agents really do against what it assumes."""
+
+AGENT_GPU_MAX_POWER_LIMIT_W = 1200.0
+"""The default highest per-GPU power limit a node agent's GPUs accept, W (tray-agent ``[caps]
+gpu_max_power_limit_w``): a B200's 1,200 W TGP (REFERENCE §1.1; racky's
+``node_agents.gpu_tgp_w``). Every per-GPU cap or limit in the agent's config must be at most
+this (a host of GB300s at 1.4 kW says so): above it a value is a typo the GPUs would only be
+clamped from."""
+
+GPU_POWER_LIMIT_PLAUSIBLE_MAX_W = 3000.0
+"""The highest per-GPU power limit any GPU plausibly has, W: B200 1.2 kW, GB300 1.4 kW, Rubin
+≈1.8-2.3 kW per GPU (REFERENCE §1.1); the same window as racky's plausibility bound of a GPU's
+power (``gpu_power_w`` ≤ 3,000 W). The static bound of ``gpu_max_power_limit_w``."""
 
 SCHEMA_MAJOR = 1
 SCHEMA_MINOR = 2

@@ -167,7 +167,44 @@ def test_watch_shows_status_state_and_alarms(mosquitto: Mosquitto, valvey: Proc)
         if (x["kind"], x["name"]) == ("state", "leases"):
             LeasesState.model_validate(x["payload"])
     assert ("state", "leases") in kinds
-    assert human.code == 0 and "valvey: online" in human.out and "alarms (" in human.out
+    # not a terminal (the runner's stdout): one plain line per message, no live view
+    assert human.code == 0, human
+    plain = human.out.splitlines()
+    assert "valvey: online" in plain and "alarms (" not in human.out, human.out
+    assert any(x.startswith("state/supply_loop ") and " setpoint_c=" in x for x in plain), plain
+    assert any(x.startswith("alarm/") and " severity=" in x for x in plain), plain
+
+
+def test_watch_into_a_pipe_prints_each_update_as_it_arrives(
+        mosquitto: Mosquitto, valvey: Proc) -> None:
+    """The real entry point with stdout a pipe (``rackctl watch valvey | grep ...``): the lines
+    come while it runs, not only at its end (the live view printed nothing into a pipe)."""
+    import selectors
+
+    wait_online(mosquitto, valvey)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rackctl", "watch", "valvey", "--duration", "60",
+         *flags(mosquitto, valvey)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "HOME": "/nonexistent"})
+    got: list[str] = []
+    try:
+        assert proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and sum(
+                x.startswith("state/health ") for x in got) < 2:
+            if sel.select(timeout=1.0):
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                got.append(line.rstrip("\n"))
+        assert proc.poll() is None, (got, proc.stderr.read() if proc.stderr else "")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert "valvey: online" in got, got
+    assert sum(x.startswith("state/health ") for x in got) >= 2, got  # live, one per update
 
 
 def test_cmd_shows_a_refusal_without_request_id(mosquitto: Mosquitto, valvey: Proc) -> None:

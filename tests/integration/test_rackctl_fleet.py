@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -23,20 +21,12 @@ from harness.servers import NatsCluster
 from rackplane.core.budget_leases import BudgetLease, RackReport
 from rackplane.io.nats.errors import KvError
 from rackplane.io.nats.kv import NatsKv
+from tests.integration.rackctl_proc import entry_point, rackctl, rackctl_json
 
 pytestmark = [pytest.mark.servers]
 
 SITE = "lab"
 ROW = "h1/row1"
-
-
-async def rackctl(*argv: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rackctl", *argv, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env={**os.environ, "HOME": "/nonexistent",
-                                             "COLUMNS": "250"})
-    out, err = await asyncio.wait_for(proc.communicate(), 60.0)
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 def _config(tmp: Path, nats: NatsCluster, bucket: str) -> Path:
@@ -66,10 +56,11 @@ def _report(rack: str, floor_w: float) -> bytes:
 
 
 async def _status(cfg: Path) -> tuple[int, dict[str, Any]]:
-    code, out, err = await rackctl("fleet", "status", "--rlc-config", str(cfg), "--json")
-    assert out, err
-    doc: dict[str, Any] = json.loads(out)
-    return code, doc
+    return await rackctl_json("fleet", "status", "--rlc-config", str(cfg), "--json")
+
+
+async def _rlc_dry_connect(cfg: Path) -> tuple[int, str, str]:
+    return await entry_point("rlc", "--config", str(cfg), "--dry-connect")
 
 
 async def _scenario(tmp: Path, nats: NatsCluster) -> None:
@@ -78,6 +69,9 @@ async def _scenario(tmp: Path, nats: NatsCluster) -> None:
     # no bucket: exit 3, and the command did not make it
     code, out, err = await rackctl("fleet", "status", "--rlc-config", str(cfg))
     assert code == 3 and "does not exist" in err, (code, out, err)
+    # rlc's dry connect reached no bucket: exit 1, saying so, and made none
+    code, out, err = await _rlc_dry_connect(cfg)
+    assert code == 1 and "does not exist" in err, (code, out, err)
     with pytest.raises(KvError, match="does not exist"):
         await NatsKv.connect(nats.urls, bucket, create=False)
 
@@ -86,6 +80,10 @@ async def _scenario(tmp: Path, nats: NatsCluster) -> None:
         # ra: a 60 kW lease while an older 70 kW grant is not yet released; rb: no lease
         await kv.create(f"{SITE}.ra.budget", _budget("ra", 60_000.0, 2, (70_000.0,)))
         await kv.put(f"{SITE}.ra.rack", _report("ra", 20_000.0))
+        code, out, err = await _rlc_dry_connect(cfg)
+        assert code == 0, (out, err)
+        assert "rack ra: budget lease present, racky report present" in out, out
+        assert "rack rb: budget lease none, racky report none" in out, out
         code, s = await _status(cfg)
         row = s["rows"][ROW]
         ra, rb = row["racks"]["ra"], row["racks"]["rb"]

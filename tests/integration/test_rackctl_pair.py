@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import time
 from typing import Any
 
@@ -17,17 +15,9 @@ import pytest
 from harness.chaos import LEASE, Pair, first_tenure, pair
 from harness.daemons import until
 from harness.servers import Mosquitto, NatsCluster
+from tests.integration.rackctl_proc import rackctl, rackctl_json
 
 pytestmark = [pytest.mark.servers]
-
-
-async def rackctl(*argv: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rackctl", *argv, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env={**os.environ, "HOME": "/nonexistent",
-                                             "COLUMNS": "250"})
-    out, err = await asyncio.wait_for(proc.communicate(), 60.0)
-    return proc.returncode or 0, out.decode(), err.decode()
 
 
 def _flags(pr: Pair, mosquitto: Mosquitto) -> list[str]:
@@ -36,11 +26,7 @@ def _flags(pr: Pair, mosquitto: Mosquitto) -> list[str]:
 
 
 async def _pair_json(pr: Pair, mosquitto: Mosquitto) -> tuple[int, dict[str, Any]]:
-    code, out, err = await rackctl("pair", "valvey", "--json", "--wait", "1.5",
-                                   *_flags(pr, mosquitto))
-    assert out, err
-    doc: dict[str, Any] = json.loads(out)
-    return code, doc
+    return await rackctl_json("pair", "valvey", "--json", "--wait", "1.5", *_flags(pr, mosquitto))
 
 
 async def test_pair_view_and_handover_through_rackctl(

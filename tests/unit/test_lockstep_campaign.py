@@ -83,3 +83,29 @@ def test_a_4_rack_campaign_finds_each_fault_with_its_part_and_quarantines_no_hea
     page = write_summary([r], tmp_path)
     text = (tmp_path / f"{scenario.name}.md").read_text()
     assert page.name == "summary.md" and all(rk in text for rk in r.verdicts)
+
+
+def test_racky_and_rlc_command_wiring_is_built_once_by_the_rig() -> None:
+    """The campaign harness and its tests wire racky's and rlc's command routers one way
+    (`harness.lockstep_campaign.rig`): a change to it (users, audit, clock) reaches the tests
+    too. The rig's router is the real one: it refuses a reader and audits the refusal."""
+    from harness.lockstep_campaign.rig import racky_command_rig
+    from rackplane.clock import FakeClock
+    from racky.config import RackyConfig
+    from racky.core.controller import RackyCore
+    from racky.core.lifecycle import Lifecycle, PersistedState
+
+    core = RackyCore(RackyConfig(), 0.0, PersistedState(Lifecycle("maintenance", 0, "new",
+                                                                  "test")))
+    rig = racky_command_rig(core, "r1", {"alice": "operator", "bob": "reader"},
+                            clock=FakeClock())
+    r = rig.call("set_lifecycle", {"state": "quarantined", "reason": "x"}, "bob")
+    assert r["error"]["code"] == "forbidden", r
+    assert [(a.user, a.outcome) for a in rig.audits] == [("bob", "forbidden")]
+    assert rig.call("get_state", {}, "alice")["ok"]
+    here = Path(__file__).parent
+    for name in ("test_racky_campaign_gate", "test_rlc_campaign_driver",
+                 "test_rlc_campaign_lockstep"):
+        src = (here / f"{name}.py").read_text()
+        for wiring in ("CommandRouter(", "register_racky_commands(", "register_rlc_commands("):
+            assert wiring not in src, f"{name} wires its own router ({wiring}): use the rig's"

@@ -10,57 +10,41 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from harness.lockstep_campaign.rig import racky_command_rig
 from rackplane.clock import FakeClock
-from rackplane.commands import CommandAudit, CommandReply, CommandRouter
-from rackplane.io.mqtt import Message, MqttLink
-from rackplane.settings import CommandSettings, Identity, MqttSettings
-from racky.commands import register_racky_commands
+from rackplane.commands import CommandReply
 from racky.config import RackyConfig
 from racky.core.campaign_gate import JudgedRun
 from racky.core.controller import RackyCore, RackyInputs
 from racky.core.lifecycle import Lifecycle, PersistedState
-from tests.unit.test_commands import CaptureLog, drive
+from tests.unit.test_commands import CaptureLog
 
 USERS = {"alice": "operator", "rlc": "operator"}
 
 
 class Rig:
+    """racky's real router and handlers on a core in maintenance (validated), through the
+    lock-step harness's wiring (`harness.lockstep_campaign.rig.racky_command_rig`)."""
+
     def __init__(self, *, fleet: bool, rack: str = "r1", **extra: Any) -> None:
         self.clock = FakeClock()
-        self.link = MqttLink(MqttSettings(), Identity(site="lab", rack=rack), "racky",
-                             clock=self.clock)
         cfg = RackyConfig.model_validate({"fleet": {"enabled": fleet, "floor_w": 60_000.0},
                                           "identity": {"site": "lab", "rack": rack}, **extra})
         lc = Lifecycle("maintenance", 0, "validated", "test", validated=True)
         self.core = RackyCore(cfg, self.clock.monotonic(), PersistedState(lc))
-        self.replies: list[dict[str, Any]] = []
-        self.audits: list[CommandAudit] = []
-        self.n = 0
-
-        async def reply(msg: Message, payload: Mapping[str, Any]) -> str:
-            self.replies.append(dict(payload))
-            assert msg.response_topic is not None
-            return msg.response_topic
-
-        self.router = CommandRouter(self.link, CommandSettings(users=USERS), clock=self.clock,
-                                    log=CaptureLog(), reply=reply, audit=self.audits.append)
-        register_racky_commands(self.router, self.core, send=lambda _c: None)
+        self.verbs = racky_command_rig(self.core, rack, USERS, clock=self.clock,
+                                       log=CaptureLog())
+        self.audits = self.verbs.audits
         self.core.step(self.clock.monotonic(), RackyInputs())
 
     def call(self, verb: str, args: Mapping[str, Any], user: str) -> dict[str, Any]:
-        self.n += 1
-        env = {"request_id": f"r-{self.n}", "issued_at": datetime.fromtimestamp(
-            self.clock.wall_ns() / 1e9, tz=UTC).isoformat(), "args": dict(args)}
-        msg = Message(topic=self.link.topics.cmd(user, verb), payload=json.dumps(env).encode(),
-                      qos=1, retain=False, dup=False, received_mono=self.clock.monotonic())
-        drive(self.router.handle(msg))
-        CommandReply.model_validate(self.replies[-1])
-        return self.replies[-1]
+        reply = self.verbs.call(verb, args, user)
+        CommandReply.model_validate(reply)
+        return reply
 
     def judged(self, *runs: tuple[str, str, bool, int]) -> None:
         self.core.persisted.judged_runs[:] = [JudgedRun(r, s, p, e, 1) for r, s, p, e in runs]

@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
+from harness.lockstep_campaign.rig import rlc_command_rig
 from rackplane.clock import FakeClock
-from rackplane.commands import CommandRouter
-from rackplane.io.mqtt import Message, MqttLink
-from rackplane.settings import CommandSettings, Identity, MqttSettings
 from racky.core.campaign_gate import JudgedRun
 from racky.core.controller import RackyInputs
 from rlc.campaign_driver import CampaignDriver, Order
-from rlc.commands import register_rlc_commands
 from rlc.config import default_topology
 from rlc.core.topology import compile_topology
-from tests.unit.test_commands import CaptureLog, drive
+from tests.unit.test_commands import CaptureLog
 from tests.unit.test_racky_campaign_gate import Rig
 
 T0 = 1_800_000_000.0
@@ -43,37 +39,22 @@ def _plan(racks: list[str], stages: list[str]) -> dict[str, Any]:
 
 
 class RlcRig:
-    """rlc's verbs through a real router, and the driver; ``kv`` holds the record's bytes."""
+    """rlc's verbs through a real router (the lock-step harness's wiring,
+    `harness.lockstep_campaign.rig.rlc_command_rig`), and the driver; ``kv`` holds the
+    record's bytes."""
 
     def __init__(self, kv: dict[str, Any] | None = None) -> None:
         self.clock = FakeClock()
-        self.link = MqttLink(MqttSettings(), Identity(site="lab", rack="rlc"), "rlc",
-                             clock=self.clock)
         self.driver = CampaignDriver(TOPO, "rackplane", "rlc")
         self.lead = True
-        self.replies: list[dict[str, Any]] = []
-
-        async def reply(msg: Message, payload: Mapping[str, Any]) -> str:
-            self.replies.append(dict(payload))
-            assert msg.response_topic is not None
-            return msg.response_topic
-
-        self.router = CommandRouter(self.link, CommandSettings(users={"alice": "operator"}),
-                                    clock=self.clock, log=CaptureLog(), reply=reply)
-        register_rlc_commands(self.router, self.driver, lambda: self.lead)
+        self.verbs = rlc_command_rig(self.driver, lambda: self.lead, {"alice": "operator"},
+                                     clock=self.clock, log=CaptureLog())
         self.kv: dict[str, Any] = kv if kv is not None else {"rev": 0, "data": None}
         self.driver.restore(None if self.kv["data"] is None
                             else (self.kv["rev"], self.kv["data"]))
-        self.n = 0
 
     def call(self, verb: str, args: Mapping[str, Any], user: str = "alice") -> dict[str, Any]:
-        self.n += 1
-        env = {"request_id": f"r-{self.n}", "issued_at": datetime.fromtimestamp(
-            self.clock.wall_ns() / 1e9, tz=UTC).isoformat(), "args": dict(args)}
-        msg = Message(topic=self.link.topics.cmd(user, verb), payload=json.dumps(env).encode(),
-                      qos=1, retain=False, dup=False, received_mono=self.clock.monotonic())
-        drive(self.router.handle(msg))
-        return self.replies[-1]
+        return self.verbs.call(verb, args, user)
 
     def cycle(self, now: float, epoch: int = 1, *, refuse: bool = False) -> list[Order]:
         """One leader cycle: step, write before send (``refuse``: the write is refused)."""
@@ -105,7 +86,7 @@ def _publish(rackies: dict[str, Rig], rlc: RlcRig) -> None:
 
 def test_rlc_verbs_leader_only_plan_checked_one_at_a_time_and_abort() -> None:
     rlc = RlcRig()
-    ok = {"campaign_id": "c1", "plan": _plan(["rack1"], ["rack"])}
+    ok: dict[str, Any] = {"campaign_id": "c1", "plan": _plan(["rack1"], ["rack"])}
     rlc.lead = False
     r = rlc.call("campaign_start", ok)
     assert r["error"]["code"] == "not_leader", r
@@ -255,7 +236,7 @@ def test_promotion_with_evidence_stale_epoch_never_gates_operator_refused_and_re
 
 def test_a_new_leader_starts_nothing_before_it_read_the_record_and_keeps_a_bad_one() -> None:
     rlc = RlcRig()
-    ok = {"campaign_id": "c1", "plan": _plan(["rack1"], ["rack"])}
+    ok: dict[str, Any] = {"campaign_id": "c1", "plan": _plan(["rack1"], ["rack"])}
     rlc.driver.forget()  # a new tenure: the record is not read yet
     r = rlc.call("campaign_start", ok)
     assert r["error"]["code"] == "not_ready" and "not read yet" in r["error"]["message"], r

@@ -10,38 +10,31 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from harness.lockstep_campaign.rig import racky_command_rig
 from harness.lockstep_racky.run import WALL0_NS, run_racky
 from harness.lockstep_racky.validation import burn_in_scenario
 from rackplane.clock import FakeClock
-from rackplane.commands import CommandRouter
-from rackplane.settings import CommandSettings
-from racky.commands import register_racky_commands
 from racky.config import RackyConfig
 from racky.core.controller import RackyCore
 from sims.scenario import ScenarioRun
 from tests.unit.test_commands import CaptureLog
-from tests.unit.test_racky_campaign_gate import Rig
+from tests.unit.test_racky_campaign_gate import USERS, Rig
 from tests.unit.test_rlc_campaign_driver import T0, RlcRig
 
 START_S = 20.0
 
 
 class RackyFace(Rig):
-    """racky's command side on the lock-step run's own core (`Rig`'s router and handlers)."""
+    """racky's command side on the lock-step run's own core (the harness's wiring,
+    `harness.lockstep_campaign.rig.racky_command_rig`; `Rig.call`)."""
 
     def __init__(self, core: RackyCore) -> None:
         super().__init__(fleet=True, rack="rack1")
-
         self.core = core
         self.clock = FakeClock(0.0, WALL0_NS)  # the command's time is the run's (plant s)
-        self.router = CommandRouter(self.link, CommandSettings(
-            users={"alice": "operator", "rlc": "operator"}), clock=self.clock,
-            log=CaptureLog(), reply=self._reply, audit=self.audits.append)
-        register_racky_commands(self.router, core, send=lambda _c: None)
-
-    async def _reply(self, msg: Any, payload: Any) -> str:
-        self.replies.append(dict(payload))
-        return str(msg.response_topic)
+        self.verbs = racky_command_rig(core, "rack1", USERS, clock=self.clock,
+                                       log=CaptureLog())
+        self.audits = self.verbs.audits
 
 
 def test_a_healthy_rack_passes_its_campaign_on_the_simulator_and_rlc_promotes_it() -> None:

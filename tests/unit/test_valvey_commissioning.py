@@ -162,6 +162,31 @@ def test_failed_identification_is_not_acceptable() -> None:
     assert seen["core"].loop.control_mode == "auto"
 
 
+def test_a_pending_proposal_is_never_discarded_silently() -> None:
+    """A start while a proposal awaits accept / reject is refused (commissioning_pending)
+    unless it says discard_pending; then the reply carries the discarded proposal."""
+    log, seen = _operate(_steady(), _cfg(),
+                         {120.0: ("start_commissioning", {"step_pct": 4.0}),
+                          870.0: ("get_state", {}),
+                          880.0: ("start_commissioning", {"step_pct": 4.0}),
+                          880.1: ("start_commissioning", {"step_pct": 4.0,
+                                                          "discard_pending": False}),
+                          880.2: ("start_commissioning", {"step_pct": 4.0,
+                                                          "discard_pending": True})})
+    (_, _, first), (_, _, state), (_, _, plain), (_, _, explicit), (_, _, discard) = log
+    assert first["ok"] and state["ok"], (first, state)
+    proposal = state["state"]["commissioning"]["proposal"]
+    assert state["state"]["commissioning"]["phase"] == "proposed" and proposal["pi"], state
+    for refused in (plain, explicit):
+        assert refused["error"]["code"] == "commissioning_pending", refused
+        assert "discard_pending=true" in refused["error"]["message"]
+    assert discard["ok"], discard
+    changed = discard["state"]["changed"]["commissioning"]
+    assert (changed["from"], changed["to"]) == ("proposed", "stepping")
+    assert changed["discarded_proposal"] == proposal
+    assert seen["core"].commissioning.proposal is None  # the new run's, not yet made
+
+
 @pytest.mark.parametrize(("why", "cfg", "sc", "script"), [
     ("rack power", _cfg(), _steady(duration_s=420.0, step_at_s=150.0), {}),
     ("supply outside", _cfg(abort_band_k=0.2), _steady(duration_s=420.0), {}),

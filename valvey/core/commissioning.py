@@ -8,7 +8,9 @@ fed once per loop period by `valvey.core.controller.ValveyCore.step`.
 (not shadow, not held, no interlock, no step test), no alarm is active, no valve is failed and
 the loop has been steady for ``steady_s``: supply within ``steady_band_k`` of the setpoint,
 valve command within ``steady_valve_band_pct``, rack power within ``steady_power_pct`` of its
-mean. ``u0 + step`` outside the output limits is ``out_of_range``.
+mean. ``u0 + step`` outside the output limits is ``out_of_range``. A proposal not yet
+accepted or rejected is never lost silently: the start is refused (``commissioning_pending``)
+unless it says ``discard_pending = true`` (the reply then names the discarded proposal).
 
 **Sequence.** The baseline means are kept (supply y0, valve u0, rack power P0, facility water
 T_fac); the loop goes to manual and the commissioning step test (`valvey.core.step_test`)
@@ -221,14 +223,22 @@ class Commissioning:
 
     # --- commands --------------------------------------------------------------------------
 
-    def start(self, core: ValveyCore, now: float, step_pct: float) -> float:
-        """Start from the steady state; returns the valve target.
+    def start(self, core: ValveyCore, now: float, step_pct: float, *,
+              discard_pending: bool = False) -> float:
+        """Start from the steady state; returns the valve target. A proposal not yet
+        accepted or rejected is kept: the start is refused unless ``discard_pending`` (then
+        the new run replaces it; the caller reports it).
 
         Raises:
-            CommandError: ``out_of_range`` (step size outside [min_step_pct, max_step_pct] or
-                u0 + step outside the output limits), ``commissioning_refused`` (why).
+            CommandError: ``commissioning_pending`` (a proposal awaits accept / reject),
+                ``out_of_range`` (step size outside [min_step_pct, max_step_pct] or u0 + step
+                outside the output limits), ``commissioning_refused`` (why).
         """
         s = self.s
+        if self.phase == "proposed" and not discard_pending:
+            raise CommandError(
+                "commissioning_pending", "a commissioning proposal awaits accept_commissioning "
+                "or reject_commissioning; start with discard_pending=true to discard it")
         if not (math.isfinite(step_pct) and s.min_step_pct <= abs(step_pct) <= s.max_step_pct):
             raise CommandError("out_of_range", f"|step_pct| must be {s.min_step_pct} .. "
                                f"{s.max_step_pct} % (commissioning.min_step_pct .. "
