@@ -97,7 +97,8 @@ class Rlc(DaemonFrame[RlcConfig]):
         self._sends: set[asyncio.Task[None]] = set()
         c = cfg.campaign
         self.driver = CampaignDriver(self.topo, cfg.mqtt.topic_root,
-                                     c.user or cfg.mqtt.username or "rlc", c.racky_daemon)
+                                     c.user or cfg.mqtt.username or "rlc", c.racky_daemon,
+                                     c.max_record_bytes)
         self.attach_commands(lease_outputs={}, register=lambda router, leases:
                              register_rlc_commands(router, self.driver, self.leading))
         if cfg.leadership.enabled and self.commands.accept is None:
@@ -199,6 +200,10 @@ class Rlc(DaemonFrame[RlcConfig]):
         wall = self.clock.wall_ns() / 1e9  # wall-clock: the campaign's times (a new leader's too)
         committed = {r: led.committed_w() for r, led in self.state.ledgers.items()}
         data, orders = d.step(wall, epoch, committed)
+        if d.too_large is not None:
+            self.log.error("campaign_record_too_large", key=key, bytes=d.too_large,
+                           max_record_bytes=d.max_record_bytes)
+            return
         now = self.clock.monotonic()
         if data is not None:
             if not self.may_write(now):

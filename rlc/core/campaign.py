@@ -273,6 +273,7 @@ class Campaign:
     stale_results: int = 0
     unusable_results: int = 0
     ignored_results: int = 0
+    compacted_runs: int = 0
 
     @classmethod
     def new(cls, campaign_id: str, plan: CampaignPlan, topo: Topology) -> Campaign:
