@@ -178,8 +178,8 @@ def render_status(st: dict[str, Any]) -> Group:
     """The table ``rackctl campaign status`` prints for ``campaign_status``'s state."""
     cid = st.get("campaign_id")
     if cid is None:
-        head = "no campaign" + (f" (pending: {st['pending']})" if st.get("pending") else "")
-        return Group(Text(head, style="bold"))
+        none = "no campaign" + (f" (pending: {st['pending']})" if st.get("pending") else "")
+        return Group(Text(none, style="bold"))
     aborted = st.get("aborted")
     head = Text(f"campaign {cid}" + (f": ABORTED ({aborted})" if aborted else "")
                 + (f", pending {st['pending']}" if st.get("pending") else ""),

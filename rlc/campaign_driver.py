@@ -339,15 +339,15 @@ def campaign_summary(c: Campaign, now_wall_s: float) -> dict[str, Any]:
     for r in c.plan.racks:
         rp = c.racks[r]
         q = rp.quarantine
-        run = latest.get(r)
-        res = None if run is None else run.results.get(r)
+        last = latest.get(r)
+        res = None if last is None else last.results.get(r)
         held = holding.get(r)
         nxt = c.next_stage(r)
         racks[r] = {"status": c.status(r, now_wall_s),
                     "stage": held.stage if held is not None else
                     (None if nxt is None else nxt.name),
-                    "run": None if run is None else run.run_id,
-                    "run_state": None if run is None else run.state,
+                    "run": None if last is None else last.run_id,
+                    "run_state": None if last is None else last.state,
                     "verdict": None if res is None else ("pass" if res.passed else "fail"),
                     "passes": {s: [p.run_id, p.judge_epoch] for s, p in rp.passes.items()},
                     "quarantine": None if q is None else q.reason,

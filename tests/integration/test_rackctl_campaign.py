@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from harness.daemons import MqttClient, Proc, until
+from harness.daemons import MqttClient, Proc
 from harness.servers import Mosquitto, NatsCluster
 from rackplane.settings import Identity, MqttSettings
 from tests.integration.test_rlc_campaign import RackySide, _rlc, _run_rackies

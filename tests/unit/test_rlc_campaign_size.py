@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from rackctl.campaign import PlanRefused, load_plan
-from rlc.campaign_driver import CampaignDriver
 from rlc.config import RlcConfig, default_topology
 from rlc.core.campaign import Campaign, FailedCriterion, StageResult
 from rlc.core.campaign_codec import dumps, loads
