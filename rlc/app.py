@@ -175,8 +175,8 @@ class Rlc(DaemonFrame[RlcConfig]):
                        self.clock.monotonic())
             self.counts["restores"] += 1
             self.log.info("fleet_restored", epoch=epoch, racks=len(missing))
-        writes = st.cycle(epoch, self.clock.wall_ns() / 1e9,  # wall-clock: lease times
-                          self.clock.monotonic())
+        wall = self.clock.wall_ns() / 1e9  # wall-clock: lease times, the campaign's runs
+        writes = st.cycle(epoch, wall, self.clock.monotonic(), self.driver.reserve_w(wall))
         self.counts["cycles"] += 1
         if writes:
             await asyncio.gather(*(self._write(kv, w) for w in writes))

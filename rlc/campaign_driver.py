@@ -272,6 +272,19 @@ class CampaignDriver:
         self.campaign, self.loaded = None, False
         self.fed.clear()
 
+    def reserve_w(self, now_wall_s: float) -> dict[str, float]:
+        """rack -> its stage's ``power_w`` (W) while a run holds its slot (starting, running,
+        or lost / aborted and possibly still burning in), and while it waits to start for want
+        of power (`rlc.core.campaign.Campaign.waiting`): what the allocator serves it before
+        every priority class (`rlc.core.allocation`, ``reserve_w``). {} without a campaign."""
+        c = self.campaign
+        if c is None:
+            return {}
+        out = dict(c.waiting)
+        out.update({r: c.plan.stage(run.stage).power_w
+                    for r, run in c.holding(now_wall_s).items()})
+        return out
+
     def outstanding(self, now_wall_s: float) -> StepOrders:
         """Orders of the written record not yet confirmed (re-sent every resend_s)."""
         if self.campaign is None or self.bad_record:

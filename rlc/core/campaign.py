@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from rlc.core.campaign_plan import FIGURES, CampaignPlan, StageSpec, check_plan, racky_start_args
-from rlc.core.campaign_schedule import regroup, schedule
+from rlc.core.campaign_schedule import plan_starts, regroup
 from rlc.core.topology import Topology
 
 __all__ = ["NET_PART", "AbortOrder", "Campaign", "FailedCriterion", "LifecycleOrder", "Pass",
@@ -274,6 +274,9 @@ class Campaign:
     unusable_results: int = 0
     ignored_results: int = 0
     compacted_runs: int = 0
+    waiting: dict[str, float] = field(default_factory=dict)
+    """rack -> the draw (W) of the stage it waits to start for want of power (the last step's
+    `rlc.core.campaign_schedule.plan_starts`; not in the record)."""
 
     @classmethod
     def new(cls, campaign_id: str, plan: CampaignPlan, topo: Topology) -> Campaign:
@@ -445,9 +448,12 @@ class Campaign:
                 out.aborts += self._end_lost(run, "lost", now_wall_s, "start not confirmed")
             elif run.state in _ACTIVE and now_wall_s >= run.deadline_s:
                 out.aborts += self._end_lost(run, "lost", now_wall_s, "results missing")
+        self.waiting = {}
         if self.aborted is None:
             regroup(self, topo)
-            for stage, racks in schedule(self, topo, committed_w, now_wall_s):
+            starts, waiting = plan_starts(self, topo, committed_w, now_wall_s)
+            self.waiting = {r: s.power_w for s, u in waiting for r in u}
+            for stage, racks in starts:
                 out.starts += self._open(stage, racks, now_wall_s, rlc_epoch)
                 for r in racks:
                     if self.racks[r].lifecycle_wanted is None:
