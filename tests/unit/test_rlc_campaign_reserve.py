@@ -154,4 +154,4 @@ def test_feasible_reserves_are_reached_and_limits_hold_every_cycle(t: TopologySe
         grant, committed = a.grant_w, a.grant_w.copy()
     has = np.isfinite(reserve)
     assert np.all(grant[has] >= reserve[has] - 1e-3), (grant[has], reserve[has])
-    assert not a.reserve_short.any()
+    assert a.reserve_short is not None and not a.reserve_short.any()
