@@ -26,6 +26,15 @@ runs), ``set_lifecycle`` ``quarantined`` (the reason) or ``production`` with the
 (QoS 1, not retained); racky's replies (``.../result``) are counted (``orders_refused``, with
 the code logged by the daemon).
 
+**Restarts and failovers.** A run racky confirmed (``validation.run_id``) whose racky later
+publishes a state recording neither that run nor its result (racky restarted, its pair failed
+over, or the run was aborted there) is lost at once (`rlc.core.campaign.Campaign.on_dropped`):
+never passed, counted as an attempt, the group's other racks aborted, and the stage runs again
+under a new run id (under the rack's current judge epoch). A state whose ``judge_epoch`` is
+below the rack's current one (a fenced leader's, published late) neither confirms nor drops a
+run; its result is stale. A start not yet confirmed is re-sent every ``resend_s`` with its run
+id: a restarted racky starts it afresh (a complete run).
+
 **Results.** racky's ``last_validation`` (``run_id``, ``passed``, ``criteria``, ``measured``,
 ``judge_epoch``, ``link_alarms``) becomes a `rlc.core.campaign.StageResult` once per (rack,
 run id) per tenure; failed criteria name the ports of the link alarms (``port:<id>``) for the
@@ -51,7 +60,14 @@ from typing import Any
 from rackplane.core.topics import Topics
 from rackplane.errors import CommandError
 from rackplane.settings import Identity
-from rlc.core.campaign import Campaign, FailedCriterion, Run, StageResult, StepOrders
+from rlc.core.campaign import (
+    AbortOrder,
+    Campaign,
+    FailedCriterion,
+    Run,
+    StageResult,
+    StepOrders,
+)
 from rlc.core.campaign_codec import loads
 from rlc.core.campaign_plan import CampaignPlan, PlanError, check_plan
 from rlc.core.campaign_size import DEFAULT_MAX_RECORD_BYTES, check_record_size, compact
@@ -230,13 +246,16 @@ class CampaignDriver:
             if s is None:
                 continue
             c.on_judge_epoch(r, s.judge_epoch)
-            if s.running_run_id is not None:
+            fenced = s.judge_epoch < c.judge_epoch.get(r, 0)  # a fenced leader's late state
+            if s.running_run_id is not None and not fenced:
                 c.on_started(s.running_run_id, r, now_wall_s)
             if s.result is not None and (r, s.result.run_id) not in self.fed:
                 self.fed.add((r, s.result.run_id))
                 c.on_result(s.result, now_wall_s)
             if s.lifecycle is not None:
                 c.on_lifecycle(r, s.lifecycle)
+            if not fenced:
+                out.aborts += self._dropped(c, r, s, now_wall_s)
             for rid in self._aborts_pending(r):
                 if s.running_run_id != rid:  # racky records no such run: nothing to abort
                     c.on_aborted(rid, r)
@@ -254,6 +273,19 @@ class CampaignDriver:
             return None, StepOrders()
         self.too_large = None
         return (None if data == self.last_written else data), out
+
+    @staticmethod
+    def _dropped(c: Campaign, rack: str, s: RackySeen, now_wall_s: float) -> list[AbortOrder]:
+        """Runs ``rack``'s racky confirmed but no longer records, nor reports a result of:
+        lost now (`Campaign.on_dropped`). racky ends a run and publishes its result in one
+        state, so a state without both means the run is gone there."""
+        out: list[AbortOrder] = []
+        for run in list(c.runs.values()):
+            if run.state == "running" and rack in run.racks and rack not in run.results \
+                    and s.running_run_id != run.run_id \
+                    and (s.result is None or s.result.run_id != run.run_id):
+                out += c.on_dropped(run.run_id, rack, now_wall_s)
+        return out
 
     def _aborts_pending(self, rack: str) -> list[str]:
         c = self.campaign

@@ -15,7 +15,9 @@ order carries it, so a start re-issued (by a new leader, or a retry) is the same
 counted twice. A run is *starting* until every rack of it confirmed (`on_started`), then
 *running*; it ends *done* when every rack reported a result, *lost* when its start is not
 confirmed within ``start_timeout_s`` of its issue or a result is missing at its deadline
-(issue + ``start_timeout_s`` + its phases + ``result_grace_s``), or *aborted*. A lost or
+(issue + ``start_timeout_s`` + its phases + ``result_grace_s``) or as soon as racky of a rack
+of it no longer records it nor its result (`on_dropped`: racky restarted or failed over), or
+*aborted*. A lost or
 aborted run keeps its racks' slots (blast-radius and power) until its deadline or until every
 rack of it reported or confirmed the abort: the burn-in may still run.
 
@@ -376,6 +378,19 @@ class Campaign:
         run.started.add(rack)
         if run.started.issuperset(run.racks):
             run.state = "running"
+
+    def on_dropped(self, run_id: str, rack: str, now_wall_s: float) -> list[AbortOrder]:
+        """racky of ``rack``, which had confirmed running ``run_id``, records neither it nor
+        its result any more (it restarted, its pair failed over, or the run was aborted
+        there): the run is lost now (an attempt for every rack of it without a result; the
+        others of a group are aborted), never passed, and the stage runs again under a new
+        run id. Returns the aborts to send."""
+        run = self.runs.get(run_id)
+        if run is None or run.state != "running" or rack not in run.racks \
+                or rack in run.results:
+            return []
+        return self._end_lost(run, "lost", now_wall_s, f"racky of {rack} no longer records "
+                              "it (restarted or failed over)")
 
     def on_aborted(self, run_id: str, rack: str) -> None:
         """racky of ``rack`` confirmed the abort of ``run_id`` (or has no run)."""
