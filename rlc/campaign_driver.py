@@ -304,16 +304,17 @@ class CampaignDriver:
         self.campaign, self.loaded = None, False
         self.fed.clear()
 
-    def reserve_w(self, now_wall_s: float) -> dict[str, float]:
-        """rack -> its stage's ``power_w`` (W) while a run holds its slot (starting, running,
-        or lost / aborted and possibly still burning in), and while it waits to start for want
-        of power (`rlc.core.campaign.Campaign.waiting`): what the allocator serves it before
-        every priority class (`rlc.core.allocation`, ``reserve_w``). {} without a campaign."""
+    def reserve_w(self, now_wall_s: float) -> dict[str, tuple[float, bool]]:
+        """rack -> (its stage's ``power_w``, W; False) while a run holds its slot (starting,
+        running, or lost / aborted and possibly still burning in), and (``power_w``, True)
+        while it waits to start for want of power (`rlc.core.campaign.Campaign.waiting`):
+        what the allocator serves it before every priority class, running stages before
+        waiting ones (`rlc.core.allocation`, ``reserve_w``). {} without a campaign."""
         c = self.campaign
         if c is None:
             return {}
-        out = dict(c.waiting)
-        out.update({r: c.plan.stage(run.stage).power_w
+        out = {r: (w, True) for r, w in c.waiting.items()}
+        out.update({r: (c.plan.stage(run.stage).power_w, False)
                     for r, run in c.holding(now_wall_s).items()})
         return out
 

@@ -22,8 +22,10 @@ the configured one applies) and ``reserve_w`` (issue 17: what a validating rack'
    draw (clipped to their cap), and that much is served before every class: the campaign's
    scheduler (`rlc.core.campaign_schedule`) started the stage only where Σ committed + the
    stage's extra fit every limit and the draw fits the rack's configured cap, so the headroom
-   is free; the raise itself still follows the ramp below. A reserve a rack cannot get (its
-   cap below it, or a limit lowered since) is flagged ``reserve_short``;
+   is free; the raise itself still follows the ramp below. Racks whose stage only **waits** for
+   power (``reserve_waiting`` True) are served after every running one (a running burn-in is
+   never cut for a stage not yet started). A reserve a rack cannot get (its cap below it, a
+   limit lowered since, or a waiting one the row cannot fit yet) is flagged ``reserve_short``;
 3. priority classes in rank order (0 first): each rack's want is its demand clipped to
    [floor, cap], where cap = min(max_w, cooling capacity) but never below the floor (a cooling
    capacity below the floor is flagged, ``cooling_below_floor``: the floor is the rack's own
@@ -91,6 +93,7 @@ class CycleInput:
     dt_s: float
     cooling_w: np.ndarray | None = None
     reserve_w: np.ndarray | None = None
+    reserve_waiting: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,8 @@ def _check(topo: Topology, inp: CycleInput) -> None:
         arrays["cooling_w"] = inp.cooling_w
     if inp.reserve_w is not None:
         arrays["reserve_w"] = inp.reserve_w
+    if inp.reserve_waiting is not None:
+        arrays["reserve_waiting"] = inp.reserve_waiting
     for name, a in arrays.items():
         if a.shape != (n,):
             raise ValueError(f"{name}: shape {a.shape}, expected ({n},)")
@@ -186,18 +191,22 @@ class _Rooms:
 
 
 def targets(topo: Topology, want: np.ndarray, held: np.ndarray, cap: np.ndarray,
-            settings: AllocationSettings, reserve: np.ndarray | None = None) -> np.ndarray:
+            settings: AllocationSettings, reserve: np.ndarray | None = None,
+            waiting: np.ndarray | None = None) -> np.ndarray:
     """The target grants (n,) W from each rack's ``want`` (n,) W in [floor, cap], held flags,
-    caps and validating racks' ``reserve`` (n,) W in [floor, want] (module docstring, steps
-    1-4). Depends on no grant except through ``want``."""
+    caps, validating racks' ``reserve`` (n,) W in [floor, want] and which of those only wait
+    (``waiting`` (n,) bool) (module docstring, steps 1-4). Depends on no grant except through
+    ``want``."""
     f = topo.floor_w
     rooms = _Rooms(topo, topo.row_limit_w - _by_row(topo, f), topo.hall_limit_w - _by_hall(topo, f))
     alloc = f.copy()
     alloc += rooms.fill(np.where(held, want - alloc, 0.0))
     if reserve is not None:
-        need = np.where(held, 0.0, np.maximum(reserve - alloc, 0.0))
-        if need.any():
-            alloc += rooms.fill(need)
+        later = np.zeros(topo.n, bool) if waiting is None else waiting
+        for tier in (~later, later):  # running stages first, then those waiting for power
+            need = np.where(held | ~tier, 0.0, np.maximum(reserve - alloc, 0.0))
+            if need.any():
+                alloc += rooms.fill(need)
     for r in topo.ranks:
         need = np.where(~held & (topo.rank == r), want - alloc, 0.0)
         if need.any():
@@ -229,7 +238,7 @@ def allocate(topo: Topology, inp: CycleInput,
         given_r = np.isfinite(r) & (r > 0) & ~held
         reserve = np.where(given_r, np.clip(np.where(given_r, r, 0.0), f, cap), f)
         want = np.maximum(want, reserve)
-    target = targets(topo, want, held, cap, settings, reserve)
+    target = targets(topo, want, held, cap, settings, reserve, inp.reserve_waiting)
 
     new = np.minimum(g0, target)                    # decreases: at once
     forced = new < f

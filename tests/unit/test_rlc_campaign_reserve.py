@@ -60,6 +60,22 @@ def test_reserve_served_before_the_classes_clipped_to_the_cap_never_for_a_held_r
     assert a.target_w[1] == 40_000.0 and a.reserve_short[1]
 
 
+def test_a_running_stage_is_served_before_one_waiting_for_power() -> None:
+    topo = _two(limit_w=110_000.0)  # floors 40 kW; 70 kW to share
+    # ra runs a 60 kW stage, rb waits for a 60 kW one: ra gets its draw, rb what is left
+    a = allocate(topo, CycleInput(np.array([20_000.0, 20_000.0]), np.full(2, 20_000.0),
+                                  np.full(2, 20_000.0), 100.0,
+                                  reserve_w=np.array([60_000.0, 60_000.0]),
+                                  reserve_waiting=np.array([False, True])))
+    assert a.reserve_short is not None and list(a.reserve_short) == [False, True]
+    assert list(a.target_w) == [60_000.0, 50_000.0]
+    # both running (the same tier): max-min fair, neither gets its draw
+    a = allocate(topo, CycleInput(np.array([20_000.0, 20_000.0]), np.full(2, 20_000.0),
+                                  np.full(2, 20_000.0), 100.0,
+                                  reserve_w=np.array([60_000.0, 60_000.0])))
+    assert list(a.target_w) == [55_000.0, 55_000.0]
+
+
 def test_a_stage_above_the_racks_cap_is_not_scheduled_and_one_short_of_power_waits() -> None:
     plan = _plan(["rb"], [_stage("s", power_w=50_000.0)])
     c = Campaign.new("c", plan, _two(cooling_w=40_000.0))
@@ -87,9 +103,11 @@ def _loop(reserve_on: bool, cycles: int = 40) -> tuple[int | None, list[float], 
     for k in range(cycles):
         now = T0 + k
         res = d.reserve_w(now) if reserve_on else {}
-        rv = np.array([res.get(r, math.nan) for r in topo.rack_ids])
+        rv = np.array([res.get(r, (math.nan, False))[0] for r in topo.rack_ids])
+        wt = np.array([res.get(r, (math.nan, False))[1] for r in topo.rack_ids])
         a = allocate(topo, CycleInput(np.array([90_000.0, 20_000.0]), grant, committed, 1.0,
-                                      reserve_w=rv), AllocationSettings(spread_spare=True))
+                                      reserve_w=rv, reserve_waiting=wt),
+                     AllocationSettings(spread_spare=True))
         sums_w.append(float(a.committed_w.sum()))
         rb_w.append(float(a.grant_w[1]))
         grant, committed = a.grant_w, a.grant_w.copy()     # acknowledged at once
