@@ -23,7 +23,10 @@ on what racky published (``<root>/<site>/+/racky/state/rack``, subscribed), the 
 written by compare-and-set **before** the step's orders go out to racky
 (``cmd/<campaign user>/<verb>``, QoS 1), unconfirmed orders are re-sent every
 ``campaign.resend_s``. racky's replies are counted (refusals logged with their code).
-Commands ``campaign_start``, ``campaign_status``, ``campaign_abort`` (`rlc.commands`).
+Commands ``campaign_start``, ``campaign_status``, ``campaign_abort`` (`rlc.commands`). The
+budget cycle serves each validating rack its stage's draw first (and reserves it for a stage
+waiting for power): `rlc.campaign_driver.CampaignDriver.reserve_w`, from the campaign as the
+previous cycle left it (none in a new tenure's first cycle).
 
 The tick publishes ``state/fleet`` (retained: per row limit, Σ committed, per rack grant,
 committed, seq, ack, demand, unreachable) every ``control.state_interval_s`` while active.
