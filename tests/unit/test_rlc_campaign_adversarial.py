@@ -7,6 +7,8 @@ its command router; one multi-rack stage of 10 s burn-in + 20 s backend-only).
   once (not at its deadline, 40 s later), never passes anyone on it, aborts the other racks'
   recordings, re-runs the group as ``multi.2`` and promotes every rack on that complete run; no
   racky starts a run id twice, no rack is counted twice.
+- **racky restarted before confirming a start**: the start is re-sent with the same run id,
+  the new process records it afresh, rlc counts one run (one result per rack, no attempt).
 - **pair failover raising racky's epoch**: rack3's racky fails over to a standby with judge
   epoch 2 in the middle of ``multi.1``; the fenced old leader then publishes a late pass of
   ``multi.1`` under epoch 1 while ``multi.2`` runs. That pass never gates (counted stale), the
@@ -151,3 +153,34 @@ def test_racky_leaves_a_validating_lifecycle_whose_run_was_lost() -> None:
     assert "validation lost" in lc.reason
     assert rig.call("start_validation", {"stage": "rack", "load_s": 5.0, "run_id": "s.2"},
                     "rlc")["ok"]
+
+
+def test_racky_restarted_before_confirming_start_is_resent_and_counted_once() -> None:
+    """racky restarts right after it took ``multi.1``'s start, before rlc saw it confirmed:
+    rlc re-sends the start with the same run id (every ``resend_s``), the new process records
+    it afresh (a complete run), and rlc counts one run, one result per rack."""
+    ev: dict[str, Any] = {}
+
+    def on_tick(now: float, rackies: list[RackyRack], rlc: RlcSide) -> None:
+        rlc.resend_s = 3.0  # below the plan's 10 s start timeout (the daemon's: 10 s vs 120 s)
+        r2 = rackies[1]
+        c = rlc.driver.campaign
+        if "restart" not in ev and c is not None and "multi.1" in c.runs \
+                and r2.core.validation is not None:
+            r2.restart(now)
+            ev["restart"] = now
+            rlc.driver.on_racky_state(r2.name, r2.state_bytes())
+
+    run = run_campaign(HEALTHY, load_s=10.0, backend_s=20.0, judge_epoch=1, on_tick=on_tick)
+    assert "restart" in ev and run.finished
+    c = run.rlc.driver.campaign
+    assert sorted(c.runs) == ["multi.1"] and c.runs["multi.1"].state == "done"
+    assert set(c.runs["multi.1"].results) == set(c.plan.racks)
+    starts = [(t, rack) for t, rack, verb, st in run.orders if verb == "start_validation"
+              and (st.get("validation") or {}).get("run_id") == "multi.1"
+              and not st["validation"].get("again")]
+    assert [rack for _t, rack in starts].count("rack2") == 2   # once per racky process
+    t2 = max(t for t, rack in starts if rack == "rack2")
+    assert 0 < t2 - ev["restart"] <= run.rlc.resend_s + 1     # the re-send
+    assert all(v.status == "production" for v in run.verdicts.values()), run.verdicts
+    assert all(c.racks[r].attempts == {} for r in c.plan.racks)
