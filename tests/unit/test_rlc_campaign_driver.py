@@ -105,7 +105,7 @@ def _publish(rackies: dict[str, Rig], rlc: RlcRig) -> None:
 
 def test_rlc_verbs_leader_only_plan_checked_one_at_a_time_and_abort() -> None:
     rlc = RlcRig()
-    ok = {"campaign_id": "c1", "plan": _plan(["rack1"], ["rack"])}
+    ok: dict[str, Any] = {"campaign_id": "c1", "plan": _plan(["rack1"], ["rack"])}
     rlc.lead = False
     r = rlc.call("campaign_start", ok)
     assert r["error"]["code"] == "not_leader", r
