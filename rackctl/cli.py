@@ -687,6 +687,8 @@ if __name__ == "__main__":  # python -m rackctl.cli (python -m rackctl is the us
     main()
 
 
-# The pair's views and handover, the fleet tier's view (registered on `app` when imported).
+# The pair's views and handover, the fleet tier's view, rlc's campaigns (registered on `app`
+# when imported).
+from rackctl import campaign as _campaign  # noqa: E402,F401
 from rackctl import fleet as _fleet  # noqa: E402,F401
 from rackctl import pair as _pair  # noqa: E402,F401

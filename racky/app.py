@@ -343,6 +343,9 @@ class Racky(DaemonFrame[RackyConfig]):
         if self.fleet is not None:
             self.core.fleet_budget_w = self.fleet.dc_budget_w()
         self.core.judge_epoch = self.controller_epoch  # a campaign result's judge epoch
+        if self.is_active and self.core.drop_lost_validation(wall):
+            self.log.warning("validation_lost", reason="racky restarted or failed over while "
+                             "validating: the run is gone, the lifecycle went back")
         eff = self.racky_tick.step(now, wall, telemetry_alarm_conditions(self.writer.stats))
         if self.fleet is not None and self.is_active:  # a standby reports nothing to rlc
             self.fleet.observe_core(self.core)

@@ -23,7 +23,10 @@ on what racky published (``<root>/<site>/+/racky/state/rack``, subscribed), the 
 written by compare-and-set **before** the step's orders go out to racky
 (``cmd/<campaign user>/<verb>``, QoS 1), unconfirmed orders are re-sent every
 ``campaign.resend_s``. racky's replies are counted (refusals logged with their code).
-Commands ``campaign_start``, ``campaign_status``, ``campaign_abort`` (`rlc.commands`).
+Commands ``campaign_start``, ``campaign_status``, ``campaign_abort`` (`rlc.commands`). The
+budget cycle serves each validating rack its stage's draw first (and reserves it for a stage
+waiting for power): `rlc.campaign_driver.CampaignDriver.reserve_w`, from the campaign as the
+previous cycle left it (none in a new tenure's first cycle).
 
 The tick publishes ``state/fleet`` (retained: per row limit, Σ committed, per rack grant,
 committed, seq, ack, demand, unreachable) every ``control.state_interval_s`` while active.
@@ -97,7 +100,8 @@ class Rlc(DaemonFrame[RlcConfig]):
         self._sends: set[asyncio.Task[None]] = set()
         c = cfg.campaign
         self.driver = CampaignDriver(self.topo, cfg.mqtt.topic_root,
-                                     c.user or cfg.mqtt.username or "rlc", c.racky_daemon)
+                                     c.user or cfg.mqtt.username or "rlc", c.racky_daemon,
+                                     c.max_record_bytes)
         self.attach_commands(lease_outputs={}, register=lambda router, leases:
                              register_rlc_commands(router, self.driver, self.leading))
         if cfg.leadership.enabled and self.commands.accept is None:
@@ -174,8 +178,8 @@ class Rlc(DaemonFrame[RlcConfig]):
                        self.clock.monotonic())
             self.counts["restores"] += 1
             self.log.info("fleet_restored", epoch=epoch, racks=len(missing))
-        writes = st.cycle(epoch, self.clock.wall_ns() / 1e9,  # wall-clock: lease times
-                          self.clock.monotonic())
+        wall = self.clock.wall_ns() / 1e9  # wall-clock: lease times, the campaign's runs
+        writes = st.cycle(epoch, wall, self.clock.monotonic(), self.driver.reserve_w(wall))
         self.counts["cycles"] += 1
         if writes:
             await asyncio.gather(*(self._write(kv, w) for w in writes))
@@ -199,6 +203,10 @@ class Rlc(DaemonFrame[RlcConfig]):
         wall = self.clock.wall_ns() / 1e9  # wall-clock: the campaign's times (a new leader's too)
         committed = {r: led.committed_w() for r, led in self.state.ledgers.items()}
         data, orders = d.step(wall, epoch, committed)
+        if d.too_large is not None:
+            self.log.error("campaign_record_too_large", key=key, bytes=d.too_large,
+                           max_record_bytes=d.max_record_bytes)
+            return
         now = self.clock.monotonic()
         if data is not None:
             if not self.may_write(now):

@@ -26,6 +26,15 @@ runs), ``set_lifecycle`` ``quarantined`` (the reason) or ``production`` with the
 (QoS 1, not retained); racky's replies (``.../result``) are counted (``orders_refused``, with
 the code logged by the daemon).
 
+**Restarts and failovers.** A run racky confirmed (``validation.run_id``) whose racky later
+publishes a state recording neither that run nor its result (racky restarted, its pair failed
+over, or the run was aborted there) is lost at once (`rlc.core.campaign.Campaign.on_dropped`):
+never passed, counted as an attempt, the group's other racks aborted, and the stage runs again
+under a new run id (under the rack's current judge epoch). A state whose ``judge_epoch`` is
+below the rack's current one (a fenced leader's, published late) neither confirms nor drops a
+run; its result is stale. A start not yet confirmed is re-sent every ``resend_s`` with its run
+id: a restarted racky starts it afresh (a complete run).
+
 **Results.** racky's ``last_validation`` (``run_id``, ``passed``, ``criteria``, ``measured``,
 ``judge_epoch``, ``link_alarms``) becomes a `rlc.core.campaign.StageResult` once per (rack,
 run id) per tenure; failed criteria name the ports of the link alarms (``port:<id>``) for the
@@ -34,7 +43,10 @@ link criterion and the parts racky's criterion names (``parts``: the backend cri
 that does not parse is counted (``bad_states``) and ignored.
 
 Counters (``counts``): ``writes_ok``, ``writes_refused``, ``writes_unknown``, ``bad_records``,
-``bad_states``, ``orders_sent``, ``orders_refused``, ``restores``; Python ints (no wrap).
+``bad_states``, ``orders_sent``, ``orders_refused``, ``restores``, ``record_too_large`` (a
+step whose record stayed above ``max_record_bytes`` after `rlc.core.campaign_size.compact`:
+not written, nothing sent, the campaign read again; the size is in the status,
+``record_too_large_bytes``); Python ints (no wrap).
 """
 
 from __future__ import annotations
@@ -48,12 +60,20 @@ from typing import Any
 from rackplane.core.topics import Topics
 from rackplane.errors import CommandError
 from rackplane.settings import Identity
-from rlc.core.campaign import Campaign, FailedCriterion, StageResult, StepOrders
-from rlc.core.campaign_codec import dumps, loads
+from rlc.core.campaign import (
+    AbortOrder,
+    Campaign,
+    FailedCriterion,
+    Run,
+    StageResult,
+    StepOrders,
+)
+from rlc.core.campaign_codec import loads
 from rlc.core.campaign_plan import CampaignPlan, PlanError, check_plan
+from rlc.core.campaign_size import DEFAULT_MAX_RECORD_BYTES, check_record_size, compact
 from rlc.core.topology import Topology
 
-__all__ = ["CampaignDriver", "Order", "RackySeen", "campaign_key"]
+__all__ = ["CampaignDriver", "Order", "RackySeen", "campaign_key", "campaign_summary"]
 
 _DONE = frozenset({"production", "quarantined", "blocked"})
 
@@ -90,6 +110,7 @@ class CampaignDriver:
     root: str
     user: str
     racky_daemon: str = "racky"
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     campaign: Campaign | None = None
     revision: int | None = None
     loaded: bool = False
@@ -99,9 +120,10 @@ class CampaignDriver:
     seen: dict[str, RackySeen] = field(default_factory=dict)
     fed: set[tuple[str, str]] = field(default_factory=set)
     last_written: bytes | None = None
+    too_large: int | None = None
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("writes_ok", "writes_refused", "writes_unknown", "bad_records", "bad_states",
-         "orders_sent", "orders_refused", "restores"), 0))
+         "orders_sent", "orders_refused", "restores", "record_too_large"), 0))
 
     # --- commands (synchronous, no I/O) -------------------------------------------------
 
@@ -120,6 +142,7 @@ class CampaignDriver:
                                "operator must look before a campaign can start")
         try:
             check_plan(plan, self.topo)
+            check_record_size(plan, self.max_record_bytes)
         except PlanError as err:
             raise CommandError("invalid_args", str(err)) from None
         if self.pending_start is not None or (self.campaign is not None
@@ -205,6 +228,7 @@ class CampaignDriver:
         out = StepOrders()
         if self.bad_record:
             return None, out
+        abort_req = self.pending_abort
         if self.pending_start is not None:
             cid, plan, _user = self.pending_start
             self.pending_start = None
@@ -222,13 +246,16 @@ class CampaignDriver:
             if s is None:
                 continue
             c.on_judge_epoch(r, s.judge_epoch)
-            if s.running_run_id is not None:
+            fenced = s.judge_epoch < c.judge_epoch.get(r, 0)  # a fenced leader's late state
+            if s.running_run_id is not None and not fenced:
                 c.on_started(s.running_run_id, r, now_wall_s)
             if s.result is not None and (r, s.result.run_id) not in self.fed:
                 self.fed.add((r, s.result.run_id))
                 c.on_result(s.result, now_wall_s)
             if s.lifecycle is not None:
                 c.on_lifecycle(r, s.lifecycle)
+            if not fenced:
+                out.aborts += self._dropped(c, r, s, now_wall_s)
             for rid in self._aborts_pending(r):
                 if s.running_run_id != rid:  # racky records no such run: nothing to abort
                     c.on_aborted(rid, r)
@@ -236,8 +263,29 @@ class CampaignDriver:
         out.starts += got.starts
         out.aborts += got.aborts
         out.lifecycle = got.lifecycle
-        data = dumps(c)
+        data = compact(c, now_wall_s, self.max_record_bytes)
+        if len(data) > self.max_record_bytes:  # nothing written, nothing sent: read again
+            self.counts["record_too_large"] += 1
+            self.too_large = len(data)
+            self.campaign, self.loaded = None, False
+            self.pending_abort = abort_req  # applied again to the record read next
+            self.fed.clear()
+            return None, StepOrders()
+        self.too_large = None
         return (None if data == self.last_written else data), out
+
+    @staticmethod
+    def _dropped(c: Campaign, rack: str, s: RackySeen, now_wall_s: float) -> list[AbortOrder]:
+        """Runs ``rack``'s racky confirmed but no longer records, nor reports a result of:
+        lost now (`Campaign.on_dropped`). racky ends a run and publishes its result in one
+        state, so a state without both means the run is gone there."""
+        out: list[AbortOrder] = []
+        for run in list(c.runs.values()):
+            if run.state == "running" and rack in run.racks and rack not in run.results \
+                    and s.running_run_id != run.run_id \
+                    and (s.result is None or s.result.run_id != run.run_id):
+                out += c.on_dropped(run.run_id, rack, now_wall_s)
+        return out
 
     def _aborts_pending(self, rack: str) -> list[str]:
         c = self.campaign
@@ -255,6 +303,20 @@ class CampaignDriver:
         self.counts["writes_unknown" if unknown else "writes_refused"] += 1
         self.campaign, self.loaded = None, False
         self.fed.clear()
+
+    def reserve_w(self, now_wall_s: float) -> dict[str, tuple[float, bool]]:
+        """rack -> (its stage's ``power_w``, W; False) while a run holds its slot (starting,
+        running, or lost / aborted and possibly still burning in), and (``power_w``, True)
+        while it waits to start for want of power (`rlc.core.campaign.Campaign.waiting`):
+        what the allocator serves it before every priority class, running stages before
+        waiting ones (`rlc.core.allocation`, ``reserve_w``). {} without a campaign."""
+        c = self.campaign
+        if c is None:
+            return {}
+        out = {r: (w, True) for r, w in c.waiting.items()}
+        out.update({r: (c.plan.stage(run.stage).power_w, False)
+                    for r, run in c.holding(now_wall_s).items()})
+        return out
 
     def outstanding(self, now_wall_s: float) -> StepOrders:
         """Orders of the written record not yet confirmed (re-sent every resend_s)."""
@@ -297,22 +359,48 @@ class CampaignDriver:
         pending = ("start " + self.pending_start[0] if self.pending_start is not None else
                    "abort" if self.pending_abort is not None else None)
         base: dict[str, Any] = {"campaign_id": None if c is None else c.campaign_id,
-                                "pending": pending, "counts": dict(self.counts)}
+                                "pending": pending, "counts": dict(self.counts),
+                                "record_too_large_bytes": self.too_large}
         if c is None:
             return base
-        racks = {}
-        for r in c.plan.racks:
-            rp = c.racks[r]
-            q = rp.quarantine
-            racks[r] = {"status": c.status(r, now_wall_s),
-                        "passes": {s: [p.run_id, p.judge_epoch] for s, p in rp.passes.items()},
-                        "quarantine": None if q is None else q.reason,
-                        "blocked": rp.blocked, "judge_epoch": c.judge_epoch.get(r, 0)}
-        runs = {rid: {"stage": run.stage, "racks": list(run.racks), "state": run.state}
-                for rid, run in list(c.runs.items())[-64:]}
-        return {**base, "aborted": c.aborted, "racks": racks, "runs": runs,
+        return {**base, **campaign_summary(c, now_wall_s),
                 "counts": {**self.counts, "stale_results": c.stale_results,
                            "unusable_results": c.unusable_results}}
+
+
+def campaign_summary(c: Campaign, now_wall_s: float) -> dict[str, Any]:
+    """``campaign_id``, ``aborted``, per rack (``racks``) its ``status``, ``stage`` (the stage
+    of the run holding it, else its next stage; None when every stage has a current pass),
+    ``run`` and ``run_state`` (its latest run), ``verdict`` (of that run's result for it:
+    ``pass``, ``fail``, None without one), ``passes`` (stage -> [run id, judge epoch]),
+    ``quarantine`` (the reason), ``blocked``, ``judge_epoch``; and the last 64 ``runs``
+    (run id -> stage, racks, state). Pure: what ``campaign_status`` and ``rackctl campaign``
+    show, from the live campaign or a record read from the KV bucket."""
+    latest: dict[str, Run] = {}
+    for run in c.runs.values():  # issue order: the last one wins
+        for r in run.racks:
+            latest[r] = run
+    holding = c.holding(now_wall_s)
+    racks = {}
+    for r in c.plan.racks:
+        rp = c.racks[r]
+        q = rp.quarantine
+        last = latest.get(r)
+        res = None if last is None else last.results.get(r)
+        held = holding.get(r)
+        nxt = c.next_stage(r)
+        racks[r] = {"status": c.status(r, now_wall_s),
+                    "stage": held.stage if held is not None else
+                    (None if nxt is None else nxt.name),
+                    "run": None if last is None else last.run_id,
+                    "run_state": None if last is None else last.state,
+                    "verdict": None if res is None else ("pass" if res.passed else "fail"),
+                    "passes": {s: [p.run_id, p.judge_epoch] for s, p in rp.passes.items()},
+                    "quarantine": None if q is None else q.reason,
+                    "blocked": rp.blocked, "judge_epoch": c.judge_epoch.get(r, 0)}
+    runs = {rid: {"stage": run.stage, "racks": list(run.racks), "state": run.state}
+            for rid, run in list(c.runs.items())[-64:]}
+    return {"campaign_id": c.campaign_id, "aborted": c.aborted, "racks": racks, "runs": runs}
 
 
 def _result(rack: str, lv: Mapping[str, Any]) -> StageResult:

@@ -68,10 +68,14 @@ class CampaignStatus(BaseModel):
     campaign_id: str | None
     aborted: str | None = None
     racks: dict[str, Any] = Field(default_factory=dict, description="rack -> {status, "
-                                  "passes, quarantine, blocked}")
+                                  "stage, run, run_state, verdict, passes, quarantine, "
+                                  "blocked, judge_epoch}")
     runs: dict[str, Any] = Field(default_factory=dict, description="run id -> {stage, racks, "
                                  "state}")
     pending: str | None = Field(None, description="a start or abort not yet written")
+    record_too_large_bytes: int | None = Field(
+        None, description="the last step's record size when it stayed above "
+        "campaign.max_record_bytes (not written, nothing sent), bytes")
     counts: dict[str, int] = Field(default_factory=dict)
 
 

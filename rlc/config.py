@@ -16,6 +16,7 @@ from rackplane.core.tray_contract import RACKY_CAP_TTL_S
 from rackplane.leadership_settings import LeadershipSettings, NatsKvSettings
 from rackplane.settings import CommandSettings, DaemonSettings, Identity, TopicLevel
 from rlc.core.allocation import AllocationSettings
+from rlc.core.campaign_size import DEFAULT_MAX_RECORD_BYTES
 from rlc.core.leases import LeaseTiming
 from rlc.core.topology import TopologySettings
 
@@ -70,6 +71,11 @@ class CampaignSettings(StrictModel):
     resend_s: float = Field(10.0, ge=1, le=600, allow_inf_nan=False,
                             description="orders not yet confirmed by racky's state are sent "
                             "again this often, s (each carries its run id: started once)")
+    max_record_bytes: int = Field(
+        DEFAULT_MAX_RECORD_BYTES, ge=16_384, le=64 * 1_048_576,
+        description="the campaign record's bound, bytes: the NATS servers' max_payload (default "
+        "1 MiB) less room for the KV headers; a plan whose record could exceed it is refused, "
+        "and a record above it is never written (rlc/core/campaign_size.py)")
 
 
 def default_topology() -> TopologySettings:

@@ -147,20 +147,41 @@ class RackyRack:
         for k, v in overrides.items():
             raw[k] = {**raw.get(k, {}), **v} if isinstance(v, dict) else v
         self.name = name
+        self.vr = vr
         self.cfg = lockstep_config(RackyConfig.model_validate(raw))
         ps = PersistedState(Lifecycle(self.cfg.lifecycle.initial_state, WALL0_NS, "new",
                                       "lockstep"))
-        self.core = RackyCore(self.cfg, 0.0, ps)
-        self.tick = RackyTick(self.cfg, self.core, 0.0, agent_epoch=WALL0_NS // 10**6)
-        self.io = _RackyIO(cast(ScenarioRun, _RackRun(vr)), self.cfg, self.tick)
-        self.verbs = racky_command_rig(self.core, name,
-                                       {OPERATOR: "operator", RLC_USER: "operator"})
         self.refused: list[tuple[float, str]] = []
+        self.restarts = 0
+        self._boot(0.0, ps, 0)
+
+    def _boot(self, now: float, ps: PersistedState, judge_epoch: int) -> None:
+        self.core = RackyCore(self.cfg, now, ps)
+        self.core.judge_epoch = judge_epoch
+        self.tick = RackyTick(self.cfg, self.core, now,
+                              agent_epoch=WALL0_NS // 10**6 + round(now * 1000))
+        self.io = _RackyIO(cast(ScenarioRun, _RackRun(self.vr)), self.cfg, self.tick)
+        self.verbs = racky_command_rig(self.core, self.name,
+                                       {OPERATOR: "operator", RLC_USER: "operator"})
+        self.verbs.at(now)
+
+    def restart(self, now: float, judge_epoch: int | None = None) -> RackyCore:
+        """racky restarted at plant second ``now``, or its pair's standby took over
+        (``judge_epoch``: the new leader's fencing epoch; None: unchanged): a new core, tick,
+        inputs and command router from the persisted state as stored (its JSON document);
+        what the old process held only in memory (a validation under way) is gone. Returns
+        the old core (a fenced leader, for what it may still publish)."""
+        old = self.core
+        ps = PersistedState.from_json(json.loads(json.dumps(old.persisted.to_json())))
+        self.restarts += 1
+        self._boot(now, ps, old.judge_epoch if judge_epoch is None else judge_epoch)
+        return old
 
     def step(self, now: float) -> None:
         """One 1 Hz tick of the daemon at plant second ``now``."""
         wall = WALL0_NS + round(now * 1e9)
         self.verbs.at(now)
+        self.core.drop_lost_validation(wall)  # as the daemon does while active (racky.app)
         self.io.feed(now, wall)
         eff = self.tick.step(now, wall)
         for c in eff.agent_commands:

@@ -112,6 +112,11 @@ class CampaignRun:
     phases: list[tuple[str, float]]
     runs: dict[str, Any]
     refused: list[tuple[float, str, str, str]]
+    orders: list[tuple[float, str, str, dict[str, Any]]] = field(default_factory=list)
+    """Every order rlc sent: plant s, rack, verb, racky's reply state (``validation``
+    with ``again`` for a start racky already records)."""
+    rlc: Any = None
+    """rlc's side at the end (`harness.lockstep_campaign.rig.RlcSide`: the driver, the record)."""
 
 
 def _plan(racks: list[str], load_s: float, backend_s: float, min_fraction: float,
@@ -129,7 +134,9 @@ def _plan(racks: list[str], load_s: float, backend_s: float, min_fraction: float
 def run_campaign(scenario: CampaignScenario, *, racks: int = 4, seed: int = 3,
                  load_s: float = 20.0, backend_s: float = 30.0, warm_s: float = 15.0,
                  min_backend_fraction: float = 0.8, plant_dt_s: float = 0.5,
-                 max_plant_s: float = 900.0) -> CampaignRun:
+                 max_plant_s: float = 900.0, judge_epoch: int = 0,
+                 on_tick: Callable[[float, list[RackyRack], RlcSide], None] | None = None
+                 ) -> CampaignRun:
     """Run one campaign of ``scenario`` in lock-step on a ``racks``-rack `MultiRack`.
 
     Every rack carries a burn-in (every GPU at 0.9 of TDP, full link traffic) from plant
@@ -141,6 +148,10 @@ def run_campaign(scenario: CampaignScenario, *, racks: int = 4, seed: int = 3,
     burn-in tool: NVLink disabled (`MultiRack.set_phase` ``backend_only``) while a running
     validation is in its backend phase; the plant steps ``plant_dt_s``. Ends when rlc reports
     the campaign finished (every rack promoted, quarantined or blocked) or at ``max_plant_s``.
+
+    ``judge_epoch``: every racky's fencing epoch at the start. ``on_tick(now, rackies, rlc)``,
+    each tick before rlc's cycle: a test's events (a racky restarted or failed over,
+    `RackyRack.restart`; a state handed to rlc, `RlcSide.driver.on_racky_state`).
 
     Raises:
         ValueError: a plant step that does not divide 1 s, or racks outside 2..8.
@@ -155,7 +166,10 @@ def run_campaign(scenario: CampaignScenario, *, racks: int = 4, seed: int = 3,
     names = [f"rack{i + 1}" for i in range(racks)]
     vcfg = {"validation": {"min_backend_fraction": min_backend_fraction}}
     rackies = [RackyRack(mr.racks[i], names[i], vcfg) for i in range(racks)]
+    for r in rackies:
+        r.core.judge_epoch = judge_epoch
     by_name = {r.name: r for r in rackies}
+    sent: list[tuple[float, str, str, dict[str, Any]]] = []
     rlc = RlcSide(campaign_topology(racks))
     committed = {r: 60_000.0 for r in names}
     plan = _plan(names, load_s, backend_s, min_backend_fraction, 120_000.0)
@@ -175,8 +189,11 @@ def run_campaign(scenario: CampaignScenario, *, racks: int = 4, seed: int = 3,
         if started:
             for r in rackies:
                 rlc.driver.on_racky_state(r.name, r.state_bytes())
+            if on_tick is not None:
+                on_tick(now, rackies, rlc)
             for o in rlc.cycle(now, wall_s, committed):
                 rep = by_name[o.rack].verbs.call(o.verb, o.args, "rlc")
+                sent.append((now, o.rack, o.verb, dict(rep.get("state") or {})))
                 if not rep["ok"]:
                     refused.append((now, o.rack, o.verb, str(rep["error"])))
             if rlc.driver.campaign is not None and rlc.driver.finished():
@@ -200,7 +217,9 @@ def run_campaign(scenario: CampaignScenario, *, racks: int = 4, seed: int = 3,
             mr.step(plant_dt_s)
         now = round(now + 1.0, 6)
     wall = time.perf_counter() - t_wall
-    return _score(scenario, rlc, mr, trace, wall, now, finished, plan, refused)
+    out = _score(scenario, rlc, mr, trace, wall, now, finished, plan, refused)
+    out.orders, out.rlc = sent, rlc
+    return out
 
 
 def _score(scenario: CampaignScenario, rlc: RlcSide, mr: MultiRack,

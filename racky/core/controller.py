@@ -723,6 +723,21 @@ class RackyCore:
         self.validation = None
         self._changed()
 
+    def drop_lost_validation(self, wall_ns: int) -> bool:
+        """The lifecycle says ``validating`` but no run is recorded in memory: the run ended
+        with the process that recorded it (racky restarted, or its pair failed over to this
+        instance). Leave ``validating`` as an abort does (back where it started, reason
+        ``validation lost``) so that a new validation can start; the run is never judged. Call
+        only while this instance is the active one (a standby's shadow core never records the
+        active's run). Returns whether it did."""
+        lc = self.persisted.lifecycle
+        if self.validation is not None or lc.state != "validating":
+            return False
+        lc.abort_validation("validation lost: racky restarted or failed over during it",
+                            "racky", wall_ns)
+        self._changed()
+        return True
+
     def agent_reply(self, trays: Sequence[int], ok: bool, error: str | None) -> None:
         """The agents answered a command for ``trays``."""
         for k in trays:

@@ -9,7 +9,8 @@ unknown: the rack is unreachable or not reporting), ``grant_w`` (the value of it
 budget lease; NaN: none yet), ``committed_w`` (the most it may still be drawing:
 `rlc.core.leases.RackLedger.committed_w`, the larger of its grant and every older, higher
 grant not yet released) and optionally ``cooling_w`` (valvey's measured capacity; NaN: none,
-the configured one applies).
+the configured one applies) and ``reserve_w`` (issue 17: what a validating rack's stage draws,
+``power_w`` of its campaign run, `rlc.campaign_driver.CampaignDriver.reserve_w`; NaN: none).
 
 **The target** (where the grants go when nothing holds them back), in this order:
 
@@ -17,6 +18,14 @@ the configured one applies).
 2. racks with unknown demand (or a demand that is not a finite number ≥ 0) are **held**: their
    want is their current grant, never more (issue 16: an unreachable rack is never raised);
    served before every class, as they may be drawing it;
+2b. **validating** racks (``reserve_w`` given, not held): their want is at least their stage's
+   draw (clipped to their cap), and that much is served before every class: the campaign's
+   scheduler (`rlc.core.campaign_schedule`) started the stage only where Σ committed + the
+   stage's extra fit every limit and the draw fits the rack's configured cap, so the headroom
+   is free; the raise itself still follows the ramp below. Racks whose stage only **waits** for
+   power (``reserve_waiting`` True) are served after every running one (a running burn-in is
+   never cut for a stage not yet started). A reserve a rack cannot get (its cap below it, a
+   limit lowered since, or a waiting one the row cannot fit yet) is flagged ``reserve_short``;
 3. priority classes in rank order (0 first): each rack's want is its demand clipped to
    [floor, cap], where cap = min(max_w, cooling capacity) but never below the floor (a cooling
    capacity below the floor is flagged, ``cooling_below_floor``: the floor is the rack's own
@@ -83,6 +92,8 @@ class CycleInput:
     committed_w: np.ndarray
     dt_s: float
     cooling_w: np.ndarray | None = None
+    reserve_w: np.ndarray | None = None
+    reserve_waiting: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -94,7 +105,8 @@ class Allocation:
     ``target_w``: where the grants would go with no ramp limit and every decrease already
     acknowledged; ``short_w`` = target − grant ≥ 0 (a rise waiting on the ramp or on headroom
     not yet released). Flags: ``held`` (demand unknown or implausible), ``implausible`` (a
-    demand given but not a finite number ≥ 0), ``cooling_below_floor``, ``floor_forced``.
+    demand given but not a finite number ≥ 0), ``cooling_below_floor``, ``floor_forced``,
+    ``reserve_short`` (a validating rack whose target is below its stage's draw).
     ``row_over_w``/``hall_over_w``: Σ committed above the limit, > 0 only when the inputs
     were already over it (a limit lowered under racks that hold more: they are cut to their
     targets and the excess clears as they acknowledge).
@@ -112,6 +124,7 @@ class Allocation:
     hall_committed_w: np.ndarray
     row_over_w: np.ndarray
     hall_over_w: np.ndarray
+    reserve_short: np.ndarray | None = None
 
 
 def _check(topo: Topology, inp: CycleInput) -> None:
@@ -119,6 +132,10 @@ def _check(topo: Topology, inp: CycleInput) -> None:
     arrays = {"demand_w": inp.demand_w, "grant_w": inp.grant_w, "committed_w": inp.committed_w}
     if inp.cooling_w is not None:
         arrays["cooling_w"] = inp.cooling_w
+    if inp.reserve_w is not None:
+        arrays["reserve_w"] = inp.reserve_w
+    if inp.reserve_waiting is not None:
+        arrays["reserve_waiting"] = inp.reserve_waiting
     for name, a in arrays.items():
         if a.shape != (n,):
             raise ValueError(f"{name}: shape {a.shape}, expected ({n},)")
@@ -174,13 +191,22 @@ class _Rooms:
 
 
 def targets(topo: Topology, want: np.ndarray, held: np.ndarray, cap: np.ndarray,
-            settings: AllocationSettings) -> np.ndarray:
-    """The target grants (n,) W from each rack's ``want`` (n,) W in [floor, cap], held flags
-    and caps (module docstring, steps 1-4). Depends on no grant except through ``want``."""
+            settings: AllocationSettings, reserve: np.ndarray | None = None,
+            waiting: np.ndarray | None = None) -> np.ndarray:
+    """The target grants (n,) W from each rack's ``want`` (n,) W in [floor, cap], held flags,
+    caps, validating racks' ``reserve`` (n,) W in [floor, want] and which of those only wait
+    (``waiting`` (n,) bool) (module docstring, steps 1-4). Depends on no grant except through
+    ``want``."""
     f = topo.floor_w
     rooms = _Rooms(topo, topo.row_limit_w - _by_row(topo, f), topo.hall_limit_w - _by_hall(topo, f))
     alloc = f.copy()
     alloc += rooms.fill(np.where(held, want - alloc, 0.0))
+    if reserve is not None:
+        later = np.zeros(topo.n, bool) if waiting is None else waiting
+        for tier in (~later, later):  # running stages first, then those waiting for power
+            need = np.where(held | ~tier, 0.0, np.maximum(reserve - alloc, 0.0))
+            if need.any():
+                alloc += rooms.fill(need)
     for r in topo.ranks:
         need = np.where(~held & (topo.rank == r), want - alloc, 0.0)
         if need.any():
@@ -206,7 +232,13 @@ def allocate(topo: Topology, inp: CycleInput,
     g0 = np.where(np.isfinite(inp.grant_w), inp.grant_w, f)
     want = np.where(held, np.clip(g0, f, cap),
                     np.clip(np.where(held, 0.0, d), f, cap))
-    target = targets(topo, want, held, cap, settings)
+    reserve = None
+    if inp.reserve_w is not None:
+        r = inp.reserve_w
+        given_r = np.isfinite(r) & (r > 0) & ~held
+        reserve = np.where(given_r, np.clip(np.where(given_r, r, 0.0), f, cap), f)
+        want = np.maximum(want, reserve)
+    target = targets(topo, want, held, cap, settings, reserve, inp.reserve_waiting)
 
     new = np.minimum(g0, target)                    # decreases: at once
     forced = new < f
@@ -232,7 +264,10 @@ def allocate(topo: Topology, inp: CycleInput,
         short_w=np.maximum(target - new, 0.0), held=held, implausible=implausible,
         cooling_below_floor=below, floor_forced=forced, row_committed_w=row_c,
         hall_committed_w=hall_c, row_over_w=np.maximum(row_c - topo.row_limit_w, 0.0),
-        hall_over_w=np.maximum(hall_c - topo.hall_limit_w, 0.0))
+        hall_over_w=np.maximum(hall_c - topo.hall_limit_w, 0.0),
+        reserve_short=None if inp.reserve_w is None else
+        np.isfinite(inp.reserve_w) & (inp.reserve_w > 0) & ~held
+        & (target < inp.reserve_w - 1e-6))
 
 
 def _by_row(topo: Topology, x: np.ndarray) -> np.ndarray:

@@ -15,7 +15,9 @@ order carries it, so a start re-issued (by a new leader, or a retry) is the same
 counted twice. A run is *starting* until every rack of it confirmed (`on_started`), then
 *running*; it ends *done* when every rack reported a result, *lost* when its start is not
 confirmed within ``start_timeout_s`` of its issue or a result is missing at its deadline
-(issue + ``start_timeout_s`` + its phases + ``result_grace_s``), or *aborted*. A lost or
+(issue + ``start_timeout_s`` + its phases + ``result_grace_s``) or as soon as racky of a rack
+of it no longer records it nor its result (`on_dropped`: racky restarted or failed over), or
+*aborted*. A lost or
 aborted run keeps its racks' slots (blast-radius and power) until its deadline or until every
 rack of it reported or confirmed the abort: the burn-in may still run.
 
@@ -65,7 +67,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from rlc.core.campaign_plan import FIGURES, CampaignPlan, StageSpec, check_plan, racky_start_args
-from rlc.core.campaign_schedule import regroup, schedule
+from rlc.core.campaign_schedule import plan_starts, regroup
 from rlc.core.topology import Topology
 
 __all__ = ["NET_PART", "AbortOrder", "Campaign", "FailedCriterion", "LifecycleOrder", "Pass",
@@ -273,6 +275,10 @@ class Campaign:
     stale_results: int = 0
     unusable_results: int = 0
     ignored_results: int = 0
+    compacted_runs: int = 0
+    waiting: dict[str, float] = field(default_factory=dict)
+    """rack -> the draw (W) of the stage it waits to start for want of power (the last step's
+    `rlc.core.campaign_schedule.plan_starts`; not in the record)."""
 
     @classmethod
     def new(cls, campaign_id: str, plan: CampaignPlan, topo: Topology) -> Campaign:
@@ -373,6 +379,19 @@ class Campaign:
         if run.started.issuperset(run.racks):
             run.state = "running"
 
+    def on_dropped(self, run_id: str, rack: str, now_wall_s: float) -> list[AbortOrder]:
+        """racky of ``rack``, which had confirmed running ``run_id``, records neither it nor
+        its result any more (it restarted, its pair failed over, or the run was aborted
+        there): the run is lost now (an attempt for every rack of it without a result; the
+        others of a group are aborted), never passed, and the stage runs again under a new
+        run id. Returns the aborts to send."""
+        run = self.runs.get(run_id)
+        if run is None or run.state != "running" or rack not in run.racks \
+                or rack in run.results:
+            return []
+        return self._end_lost(run, "lost", now_wall_s, f"racky of {rack} no longer records "
+                              "it (restarted or failed over)")
+
     def on_aborted(self, run_id: str, rack: str) -> None:
         """racky of ``rack`` confirmed the abort of ``run_id`` (or has no run)."""
         run = self.runs.get(run_id)
@@ -444,9 +463,12 @@ class Campaign:
                 out.aborts += self._end_lost(run, "lost", now_wall_s, "start not confirmed")
             elif run.state in _ACTIVE and now_wall_s >= run.deadline_s:
                 out.aborts += self._end_lost(run, "lost", now_wall_s, "results missing")
+        self.waiting = {}
         if self.aborted is None:
             regroup(self, topo)
-            for stage, racks in schedule(self, topo, committed_w, now_wall_s):
+            starts, waiting = plan_starts(self, topo, committed_w, now_wall_s)
+            self.waiting = {r: s.power_w for s, u in waiting for r in u}
+            for stage, racks in starts:
                 out.starts += self._open(stage, racks, now_wall_s, rlc_epoch)
                 for r in racks:
                     if self.racks[r].lifecycle_wanted is None:

@@ -36,7 +36,7 @@ from rlc.core.campaign import Campaign, Pass, Quarantine, RackProgress, Run, Sta
 from rlc.core.campaign_plan import CampaignPlan, check_plan
 from rlc.core.topology import Topology
 
-__all__ = ["FORMAT", "VERSION", "dumps", "loads"]
+__all__ = ["FORMAT", "VERSION", "dumps", "loads", "run_record"]
 
 FORMAT: Final = "rlc.campaign"
 VERSION: Final = 1
@@ -60,7 +60,8 @@ def _rack(rp: RackProgress) -> dict[str, Any]:
             "lifecycle_confirmed": rp.lifecycle_confirmed}
 
 
-def _run(r: Run) -> dict[str, Any]:
+def run_record(r: Run) -> dict[str, Any]:
+    """One run as it is in the record (JSON-able)."""
     return {"run_id": r.run_id, "stage": r.stage, "racks": list(r.racks),
             "issued_at_s": r.issued_at_s, "rlc_epoch": r.rlc_epoch, "deadline_s": r.deadline_s,
             "state": r.state, "started": sorted(r.started),
@@ -73,11 +74,11 @@ def dumps(c: Campaign) -> bytes:
     rec = {"format": FORMAT, "version": VERSION, "campaign_id": c.campaign_id,
            "plan": c.plan.model_dump(mode="json"),
            "racks": {r: _rack(rp) for r, rp in c.racks.items()},
-           "runs": [_run(r) for r in c.runs.values()],
+           "runs": [run_record(r) for r in c.runs.values()],
            "groups": {s: [list(g) for g in gs] for s, gs in c.groups.items()},
            "judge_epoch": dict(c.judge_epoch), "seq": c.seq, "aborted": c.aborted,
            "counters": {"stale": c.stale_results, "unusable": c.unusable_results,
-                        "ignored": c.ignored_results}}
+                        "ignored": c.ignored_results, "compacted": c.compacted_runs}}
     return json.dumps(rec, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -158,7 +159,8 @@ def loads(data: bytes, topo: Topology) -> Campaign:
             judge_epoch={str(r): _int(e) for r, e in d["judge_epoch"].items()},
             seq=_int(d["seq"]), aborted=_opt_str(d["aborted"]),
             stale_results=_int(cnt["stale"]), unusable_results=_int(cnt["unusable"]),
-            ignored_results=_int(cnt["ignored"]))
+            ignored_results=_int(cnt["ignored"]),
+            compacted_runs=_int(cnt.get("compacted", 0)))
     except ValidationError as err:
         raise ValueError(f"campaign record plan: {err}") from None
     except (KeyError, TypeError, IndexError, AttributeError) as err:

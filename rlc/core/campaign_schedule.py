@@ -13,7 +13,11 @@ after every start it returns:
   and its stage's ``power_w``. A committed value missing, not finite or < 0 counts as the
   rack's ``max_w`` (the most it may ever be granted: the safe side). A row already over its
   limit starts nothing. The daemon raises a starting rack's budget to ``power_w`` through the
-  allocator, which pays it from the headroom this check saw free.
+  allocator (`rlc.core.allocation`, ``reserve_w``: served before every priority class), which
+  pays it from the headroom this check saw free;
+- a stage starts only on racks whose configured cap, min(``max_w``, cooling capacity), is at
+  least its ``power_w`` (the allocator could never grant more): otherwise it is not scheduled
+  (the rack waits; `rlc.core.campaign.Campaign` reports it ``pending``).
 
 Eligible: a rack of the plan that is available (`Campaign.available`), not holding a slot,
 settled (``ready_at_s`` ≤ now), with a next stage; for a multi-rack stage its group, with every
@@ -33,13 +37,14 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from rlc.core.allocation import rack_cap_w
 from rlc.core.campaign_plan import StageSpec, unit_problems
 from rlc.core.topology import Topology
 
 if TYPE_CHECKING:
     from rlc.core.campaign import Campaign
 
-__all__ = ["regroup", "schedule"]
+__all__ = ["plan_starts", "regroup", "schedule"]
 
 
 def _committed(topo: Topology, committed_w: Mapping[str, float]) -> list[float]:
@@ -54,8 +59,21 @@ def _committed(topo: Topology, committed_w: Mapping[str, float]) -> list[float]:
 def schedule(c: Campaign, topo: Topology, committed_w: Mapping[str, float],
              now_wall_s: float) -> list[tuple[StageSpec, tuple[str, ...]]]:
     """The runs to open now (module docstring)."""
+    return plan_starts(c, topo, committed_w, now_wall_s)[0]
+
+
+def plan_starts(c: Campaign, topo: Topology, committed_w: Mapping[str, float],
+                now_wall_s: float) -> tuple[list[tuple[StageSpec, tuple[str, ...]]],
+                                            list[tuple[StageSpec, tuple[str, ...]]]]:
+    """(the runs to open now, the runs **waiting for power**): units that pass every check but
+    the row's or hall's power (module docstring), given the starts before them in this pass
+    (a waiting unit holds no slot: a later unit that fits may start). The daemon asks the
+    allocator to raise a waiting unit's racks to the stage's draw (``reserve_w``), which lowers
+    other racks' targets; once their decreases are acknowledged and the waiting racks hold the
+    draw committed, the unit's extra is 0 and it starts (if its slots are still free)."""
+    waiting: list[tuple[StageSpec, tuple[str, ...]]] = []
     if c.aborted is not None:
-        return []
+        return [], waiting
     plan = c.plan
     load = _committed(topo, committed_w)
     holding = c.holding(now_wall_s)
@@ -97,9 +115,12 @@ def schedule(c: Campaign, topo: Topology, committed_w: Mapping[str, float],
         units.append((-k, pos[r], s, unit))
     units.sort(key=lambda u: (u[0], u[1]))
 
+    cap, _below = rack_cap_w(topo, None)
     out: list[tuple[StageSpec, tuple[str, ...]]] = []
     for _, _, s, unit in units:
         idx = [topo.index(m) for m in unit]
+        if any(s.power_w > float(cap[i]) for i in idx):
+            continue
         rows = [int(topo.row_of[i]) for i in idx]
         cdus = [plan.cdu_of[m] for m in unit]
         if len(set(cdus)) < len(cdus) or busy_cdu.intersection(cdus):
@@ -115,9 +136,9 @@ def schedule(c: Campaign, topo: Topology, committed_w: Mapping[str, float],
             add_hall[h] = add_hall.get(h, 0.0) + extra
         if any(row_n[j] + n > plan.max_racks_per_row for j, n in add_n.items()):
             continue
-        if any(row_w[j] + w > float(topo.row_limit_w[j]) for j, w in add_row.items()):
-            continue
-        if any(hall_w[h] + w > float(topo.hall_limit_w[h]) for h, w in add_hall.items()):
+        if any(row_w[j] + w > float(topo.row_limit_w[j]) for j, w in add_row.items()) or \
+                any(hall_w[h] + w > float(topo.hall_limit_w[h]) for h, w in add_hall.items()):
+            waiting.append((s, unit))
             continue
         for j, n in add_n.items():
             row_n[j] += n
@@ -128,7 +149,7 @@ def schedule(c: Campaign, topo: Topology, committed_w: Mapping[str, float],
             load[i] = max(load[i], s.power_w)
         busy_cdu.update(cdus)
         out.append((s, unit))
-    return out
+    return out, waiting
 
 
 def regroup(c: Campaign, topo: Topology) -> None:

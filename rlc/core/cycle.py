@@ -208,9 +208,13 @@ class FleetState:
                 out[i] = rep.demand_w
         return out
 
-    def cycle(self, epoch: int, now_wall_s: float, now_mono_s: float) -> list[BudgetWrite]:
-        """One cycle as leader of ``epoch`` (module docstring). Returns [] while a ledger is
-        missing or the ledgers were restored for another epoch."""
+    def cycle(self, epoch: int, now_wall_s: float, now_mono_s: float,
+              reserve_w: Mapping[str, tuple[float, bool]] | None = None
+              ) -> list[BudgetWrite]:
+        """One cycle as leader of ``epoch`` (module docstring). ``reserve_w``: rack -> (its
+        campaign stage's draw, W; whether the stage only waits for power) while it validates
+        or waits (`rlc.core.allocation`). Returns [] while a ledger is missing or the ledgers
+        were restored for another epoch."""
         if self.started_mono_s is None:
             self.started_mono_s = now_mono_s
         if self.epoch != epoch or self.needs_restore():
@@ -226,7 +230,13 @@ class FleetState:
         self.last_cycle_mono_s = now_mono_s
         grant = np.fromiter((led.grant_w for led in leds), float, topo.n)
         committed = np.fromiter((led.committed_w() for led in leds), float, topo.n)
-        a = allocate(topo, CycleInput(self.demand_w(now_mono_s), grant, committed, max(dt, 0.0)),
+        reserve = waiting = None
+        if reserve_w:
+            got = [reserve_w.get(r, (math.nan, False)) for r in topo.rack_ids]
+            reserve = np.array([w for w, _ in got], float)
+            waiting = np.array([wt for _, wt in got], bool)
+        a = allocate(topo, CycleInput(self.demand_w(now_mono_s), grant, committed, max(dt, 0.0),
+                                      reserve_w=reserve, reserve_waiting=waiting),
                      self.settings)
         self.last = a
         writes: list[BudgetWrite] = []

@@ -83,11 +83,12 @@ def _rlc(tmp: Path, tag: str, site: str, bucket: str, nats: NatsCluster,
 class RackySide:
     """One racky's command side (module docstring): router + handlers + core, real MQTT."""
 
-    def __init__(self, port: int, site: str, rack: str) -> None:
+    def __init__(self, port: int, site: str, rack: str,
+                 persisted: PersistedState | None = None) -> None:
         self.ident = Identity(site=site, rack=rack)
         cfg = RackyConfig.model_validate({"fleet": {"enabled": True, "floor_w": 60_000.0},
                                           "identity": {"site": site, "rack": rack}})
-        self.core = RackyCore(cfg, SYSTEM_CLOCK.monotonic(),
+        self.core = RackyCore(cfg, SYSTEM_CLOCK.monotonic(), persisted or
                               PersistedState(Lifecycle("provisioning", 0, "new", "test")))
         self.link = MqttLink(MqttSettings(port=port, clean_session=True,
                                           client_id=f"racky-{site}-{rack}"),
@@ -104,6 +105,7 @@ class RackySide:
         self.audits.append((a.user, a.verb, a.outcome))
 
     def step(self) -> None:
+        self.core.drop_lost_validation(SYSTEM_CLOCK.wall_ns())  # as racky.app does, active
         self.core.step(SYSTEM_CLOCK.monotonic(), RackyInputs())
         self.link.publish_state("rack", self.core.state())
 

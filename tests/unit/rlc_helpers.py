@@ -36,7 +36,8 @@ def topologies(draw: Any, max_halls: int = 2, max_rows: int = 3, max_racks: int 
                     rack["cooling_capacity_w"] = floor + draw(st.floats(0.5, 100.0))
                 racks[f"h{h}r{r}k{k}"] = rack
             sf = math.fsum(x["floor_w"] for x in racks.values())
-            limit = sf + draw(st.floats(0.0, 200.0))
+            limit = sf + 1e-6 + draw(st.floats(0.0, 200.0))  # + 1e-6: the validator's
+            # own sum may round above math.fsum's
             row: dict[str, Any] = {"limit_w": max(limit, 1.0), "racks": racks}
             if ramp and draw(st.booleans()):
                 row["ramp_w_per_s"] = draw(st.floats(5.0, 100.0))
@@ -44,7 +45,7 @@ def topologies(draw: Any, max_halls: int = 2, max_rows: int = 3, max_racks: int 
             hall_floors += [x["floor_w"] for x in racks.values()]
             hall_rows_limit += row["limit_w"]
         hall_floor = math.fsum(hall_floors)
-        feed = hall_floor + draw(st.floats(0.0, 1.0)) * (hall_rows_limit - hall_floor)
+        feed = hall_floor + 1e-6 + draw(st.floats(0.0, 1.0)) * (hall_rows_limit - hall_floor)
         halls[f"hall{h}"] = {"feed_limit_w": max(feed, 1.0), "rows": rows}
     return TopologySettings.model_validate(
         {"site": "t", "classes": {"a": 0, "b": 1, "c": 2}, "halls": halls})
