@@ -8,9 +8,10 @@ monotonic clock).
   rack key, with the monotonic time its revision last changed. A rack whose report has not
   changed for ``unreachable_after_s`` (or never came) is **unreachable**: its demand is unknown
   and the allocator holds its grant (never raised; `rlc.core.allocation`). Unreachable for
-  ``reclaim_after_s``, its want becomes its floor: its grant falls to the floor, and its old
-  grant stays committed until it acknowledges or that lease's expiry + clock margin + the
-  agents' cap TTL has passed (`rlc.core.leases`): by then it has fallen to its floor by itself.
+  ``reclaim_after_s``, its want becomes its floor (and it gets no spare: never raised while
+  silent): its grant falls to the floor, and its old grant stays committed until it
+  acknowledges or that lease's expiry + clock margin + the agents' cap TTL has passed
+  (`rlc.core.leases`): by then it has fallen to its floor by itself.
   Unreachable racks are marked, never removed.
 - **Ledgers** are only ever built from the store (`restore`, with the revision of each budget
   key): a new tenure (`cycle` with an epoch other than the one restored) gets none until the
@@ -226,8 +227,9 @@ class FleetState:
         self.last_cycle_mono_s = now_mono_s
         grant = np.fromiter((led.grant_w for led in leds), float, topo.n)
         committed = np.fromiter((led.committed_w() for led in leds), float, topo.n)
-        a = allocate(topo, CycleInput(self.demand_w(now_mono_s), grant, committed, max(dt, 0.0)),
-                     self.settings)
+        reclaimed = self._silent_for(now_mono_s) >= self.reclaim_after_s
+        a = allocate(topo, CycleInput(self.demand_w(now_mono_s), grant, committed, max(dt, 0.0),
+                                      reclaimed=reclaimed), self.settings)
         self.last = a
         writes: list[BudgetWrite] = []
         renew_age = timing.ttl_s / 3.0
