@@ -16,7 +16,7 @@ never exceeded the row limit over the whole run, through:
    it; rb's raise is written only after that acknowledgement;
 2. **a partition**: rb's relay cut (its racky runs on, off the bus): rb falls to its floor by
    itself at its lease's expiry, before rlc re-grants its share to ra, and not before its last
-   lease's expiry + clock margin + agent cap TTL;
+   lease's expiry + clock margin + agent cap TTL; rlc never raises rb while it is cut off;
 3. **the rlc leader SIGKILLed mid-reallocation**: the relay healed, rb back with its demand,
    rlc lowering ra and ramping rb; the leader is killed while rb's ramp is under way; figure:
    kill → the other replica's first lease (target <= leadership lease + 2 s); it resumes from
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import signal
 import time
@@ -340,6 +341,10 @@ async def test_row_under_rlc_decrease_partition_failover(
         old_epoch = row.last("ra").epoch  # type: ignore[union-attr]
         leader = _leader(row, old_epoch)
         rb_low = row.value("rb")
+        # while cut off, rb was never raised (held, then reclaimed to its floor)
+        silent = [ls.value_w for _, ls in row.leases["rb"] if ls.issued_at_s >= cut_at]
+        assert all(b <= a + 1.0 for a, b in itertools.pairwise(silent)), silent
+        assert silent[-1] == pytest.approx(FLOOR_W)
         row.cuts["rb"].heal()
         await until(lambda: row.value("rb") > rb_low + 5_000.0, SETTLE_S,
                     "rb's ramp under way", *procs, detail=row.history)
