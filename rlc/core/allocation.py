@@ -31,9 +31,11 @@ the configured one applies) and ``reserve_w`` (issue 17: what a validating rack'
    capacity below the floor is flagged, ``cooling_below_floor``: the floor is the rack's own
    fallback and wins); within a class max-min fair under the row and hall limits
    (`rlc.core.fill.nested_fill`);
-4. with ``spread_spare``, what the row and hall still have goes to the racks that are not held,
-   in proportion to their room to cap (racky's headroom redistribution: a rack can burst
-   without waiting a cycle; `rlc.core.fill.proportional_fill`).
+4. with ``spread_spare``, what the row and hall still have goes to the racks that are not held
+   and not ``reclaimed``, in proportion to their room to cap (racky's headroom redistribution:
+   a rack can burst without waiting a cycle; `rlc.core.fill.proportional_fill`). A reclaimed
+   rack (silent past ``reclaim_after_s``: its demand is its floor as a stand-in) gets none: it
+   could not read a raise, and an unreachable rack is never raised (issue 16).
 
 **The step from the grants to the target** (how the cycle moves, the rule of issue 16 item 2):
 
@@ -79,7 +81,8 @@ class AllocationSettings(StrictModel):
 
     spread_spare: bool = Field(
         True, description="give what is left after every class's demand to the racks that are "
-        "not held, in proportion to their room to cap (racky's headroom redistribution); "
+        "neither held nor reclaimed (silent past fleet.reclaim_after_s), in proportion to their "
+        "room to cap (racky's headroom redistribution); "
         "false: leave it ungranted (a rise then needs no other rack's decrease first)")
 
 
@@ -94,6 +97,9 @@ class CycleInput:
     cooling_w: np.ndarray | None = None
     reserve_w: np.ndarray | None = None
     reserve_waiting: np.ndarray | None = None
+    reclaimed: np.ndarray | None = None
+    """(n,) bool: racks whose demand is their floor as a stand-in (silent past reclaim): no
+    spare and no reserve (module docstring, step 4); None: none."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,8 @@ def _check(topo: Topology, inp: CycleInput) -> None:
         arrays["reserve_w"] = inp.reserve_w
     if inp.reserve_waiting is not None:
         arrays["reserve_waiting"] = inp.reserve_waiting
+    if inp.reclaimed is not None:
+        arrays["reclaimed"] = inp.reclaimed
     for name, a in arrays.items():
         if a.shape != (n,):
             raise ValueError(f"{name}: shape {a.shape}, expected ({n},)")
@@ -192,11 +200,12 @@ class _Rooms:
 
 def targets(topo: Topology, want: np.ndarray, held: np.ndarray, cap: np.ndarray,
             settings: AllocationSettings, reserve: np.ndarray | None = None,
-            waiting: np.ndarray | None = None) -> np.ndarray:
+            waiting: np.ndarray | None = None, no_spare: np.ndarray | None = None
+            ) -> np.ndarray:
     """The target grants (n,) W from each rack's ``want`` (n,) W in [floor, cap], held flags,
     caps, validating racks' ``reserve`` (n,) W in [floor, want] and which of those only wait
-    (``waiting`` (n,) bool) (module docstring, steps 1-4). Depends on no grant except through
-    ``want``."""
+    (``waiting`` (n,) bool) (module docstring, steps 1-4); ``no_spare`` (n,) bool: racks that
+    get no spare beside the held ones. Depends on no grant except through ``want``."""
     f = topo.floor_w
     rooms = _Rooms(topo, topo.row_limit_w - _by_row(topo, f), topo.hall_limit_w - _by_hall(topo, f))
     alloc = f.copy()
@@ -212,7 +221,8 @@ def targets(topo: Topology, want: np.ndarray, held: np.ndarray, cap: np.ndarray,
         if need.any():
             alloc += rooms.fill(need)
     if settings.spread_spare:
-        need = np.where(held, 0.0, np.maximum(cap - alloc, 0.0))
+        skip = held if no_spare is None else held | no_spare
+        need = np.where(skip, 0.0, np.maximum(cap - alloc, 0.0))
         if need.any():
             alloc += rooms.fill(need, proportional=True)
     return alloc
@@ -232,13 +242,16 @@ def allocate(topo: Topology, inp: CycleInput,
     g0 = np.where(np.isfinite(inp.grant_w), inp.grant_w, f)
     want = np.where(held, np.clip(g0, f, cap),
                     np.clip(np.where(held, 0.0, d), f, cap))
+    reclaimed = None if inp.reclaimed is None else inp.reclaimed.astype(bool)
     reserve = None
     if inp.reserve_w is not None:
         r = inp.reserve_w
         given_r = np.isfinite(r) & (r > 0) & ~held
+        if reclaimed is not None:
+            given_r &= ~reclaimed  # silent: never raised, not even for a stage
         reserve = np.where(given_r, np.clip(np.where(given_r, r, 0.0), f, cap), f)
         want = np.maximum(want, reserve)
-    target = targets(topo, want, held, cap, settings, reserve, inp.reserve_waiting)
+    target = targets(topo, want, held, cap, settings, reserve, inp.reserve_waiting, reclaimed)
 
     new = np.minimum(g0, target)                    # decreases: at once
     forced = new < f

@@ -8,9 +8,10 @@ monotonic clock).
   rack key, with the monotonic time its revision last changed. A rack whose report has not
   changed for ``unreachable_after_s`` (or never came) is **unreachable**: its demand is unknown
   and the allocator holds its grant (never raised; `rlc.core.allocation`). Unreachable for
-  ``reclaim_after_s``, its want becomes its floor: its grant falls to the floor, and its old
-  grant stays committed until it acknowledges or that lease's expiry + clock margin + the
-  agents' cap TTL has passed (`rlc.core.leases`): by then it has fallen to its floor by itself.
+  ``reclaim_after_s``, its want becomes its floor (and it gets no spare: never raised while
+  silent): its grant falls to the floor, and its old grant stays committed until it
+  acknowledges or that lease's expiry + clock margin + the agents' cap TTL has passed
+  (`rlc.core.leases`): by then it has fallen to its floor by itself.
   Unreachable racks are marked, never removed.
 - **Ledgers** are only ever built from the store (`restore`, with the revision of each budget
   key): a new tenure (`cycle` with an epoch other than the one restored) gets none until the
@@ -235,9 +236,10 @@ class FleetState:
             got = [reserve_w.get(r, (math.nan, False)) for r in topo.rack_ids]
             reserve = np.array([w for w, _ in got], float)
             waiting = np.array([wt for _, wt in got], bool)
+        reclaimed = self._silent_for(now_mono_s) >= self.reclaim_after_s
         a = allocate(topo, CycleInput(self.demand_w(now_mono_s), grant, committed, max(dt, 0.0),
-                                      reserve_w=reserve, reserve_waiting=waiting),
-                     self.settings)
+                                      reserve_w=reserve, reserve_waiting=waiting,
+                                      reclaimed=reclaimed), self.settings)
         self.last = a
         writes: list[BudgetWrite] = []
         renew_age = timing.ttl_s / 3.0

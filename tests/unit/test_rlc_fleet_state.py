@@ -18,12 +18,13 @@ WALL = 1.8e9
 TIMING = LeaseTiming(ttl_s=9.0, clock_margin_s=1.0, agent_cap_ttl_s=5.0)
 
 
-def state() -> FleetState:
+def state(spread_spare: bool = False) -> FleetState:
     rack = {"floor_w": 20_000.0, "max_w": 80_000.0}
     topo = compile_topology(TopologySettings.model_validate({"site": "s", "halls": {"h": {
         "feed_limit_w": 1e6, "rows": {"r": {"limit_w": 100_000.0, "racks": {
             "ra": rack, "rb": dict(rack)}}}}}}))
-    return FleetState(topo, TIMING, AllocationSettings(spread_spare=False), 2.0, 4.0, 100.0)
+    return FleetState(topo, TIMING, AllocationSettings(spread_spare=spread_spare), 2.0, 4.0,
+                      100.0)
 
 
 def report(st: FleetState, rack: str, demand_w: float, rev: int, mono: float,
@@ -132,6 +133,36 @@ def test_unreachable_rack_held_then_reclaimed_its_grant_committed_until_expiry()
     assert max(g[1] + g[3] for g in grants) <= 100_000.0  # Σ committed within the row
     assert grants[-1][1] == 80_000.0 and grants[-1][2] == 20_000.0
     assert st.unreachable(30.0).tolist() == [False, True]
+
+
+def test_a_reclaimed_rack_gets_no_spare_while_silent() -> None:
+    """With ``spread_spare`` the row's spare goes to the racks that report, never to a rack
+    reclaimed to its floor (it could not read a raise; an unreachable rack is never raised),
+    and a reclaimed rack that reports again gets its share of the spare back."""
+    st = state(spread_spare=True)
+    st.restore(1, {"ra": None, "rb": None}, 0.0)
+    report(st, "ra", 30_000.0, 1, 0.0)
+    report(st, "rb", 30_000.0, 2, 0.0)
+    t, rev = 0.0, 10
+    rb_after_reclaim: list[float] = []
+    while t < 40.0:                          # rb silent from 0 s; reclaimed at 4 s
+        t += 0.5
+        rev += 1
+        report(st, "ra", 30_000.0, rev, t)
+        land(st, st.cycle(1, WALL + t, t), rev * 10)
+        if t >= 4.5:
+            rb_after_reclaim.append(st.ledgers["rb"].grant_w)
+    assert max(rb_after_reclaim) == 20_000.0                 # at its floor, never above
+    assert st.ledgers["ra"].grant_w == 80_000.0              # the spare went to ra (its cap)
+    report(st, "rb", 30_000.0, rev + 1, t)                   # rb reports again
+    for k in range(40):
+        rev += 2
+        for i, r in enumerate(("ra", "rb")):   # both acknowledge their current leases
+            cur = st.ledgers[r].current
+            report(st, r, 30_000.0, rev + i, t + 0.5 * (k + 1),
+                   acked=None if cur is None else cur.key)
+        land(st, st.cycle(1, WALL + t + 0.5 * (k + 1), t + 0.5 * (k + 1)), rev * 10)
+    assert st.ledgers["rb"].grant_w > 30_000.0               # its demand and a share of spare
 
 
 def test_never_writes_under_an_older_epoch_than_the_lease_it_read() -> None:
