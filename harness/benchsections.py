@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.benchchaos import CHAOS_NAMES, section_chaos
+from harness.benchrow import ROW_NAMES, section_row
 from harness.benchrun import (
     Child,
     Context,
@@ -336,6 +337,7 @@ SECTIONS: list[tuple[str, Callable[[Context], list[Figure]], list[tuple[str, str
     ("restart", section_restart, [("bench.restart.racky_kill_to_ready_s", "s", 2.0, "<=")]),
     ("modbus", section_modbus, [("bench.modbus.cost_ratio_to_raw", "x", 1.2, "<=")]),
     ("tsdb", section_tsdb, [("bench.tsdb.ratio_to_raw", "x", 0.8, ">=")]),
+    ("row", section_row, ROW_NAMES),
     ("chaos", section_chaos, CHAOS_NAMES),
 ]
 
