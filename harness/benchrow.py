@@ -53,7 +53,7 @@ from harness.demo.procs import write_toml
 from harness.figures import Comparison, Figure
 from harness.servers import free_port
 
-__all__ = ["ROW_NAMES", "RowRun", "lost_lines", "row_figures", "row_run", "section_row",
+__all__ = ["ROW_NAMES", "RowRun", "host_busy_s", "lost_lines", "row_figures", "row_run", "section_row",
            "sim_lag_s", "window_lateness_ms"]
 
 SITE = "lab"
@@ -91,6 +91,15 @@ class RowRun:
     lag_s: dict[str, float]
     lag_growth_s: dict[str, float]
     sim_overruns: dict[str, int] = field(default_factory=dict)
+    host_busy_cores: float | None = None
+    """The whole host's busy CPU over the window (other jobs included), cores."""
+    load_avg: tuple[float, float] | None = None
+    """The host's 1-min load average at the window's start and end."""
+
+    def cpu_cores(self, daemon: str) -> float:
+        """CPU cores of the ``daemon`` processes (valvey or racky) over the window."""
+        return sum(v for k, v in self.daemon_cpu_s.items()
+                   if k.startswith(daemon + "@")) / self.window_s
 
     @property
     def daemons_cpu_cores(self) -> float:
@@ -205,7 +214,9 @@ def row_figures(one: RowRun | None, row: RowRun | None) -> list[Figure]:
     cpu_o = o.daemons_cpu_cores if o else None
     figs.append(Figure("bench.row.daemons_cpu_cores", cpu_r, "CPU-s/s", 1.0, "<=", detail=(
         f"{how}; CPU-s of the daemon processes / wall s over {_fmt(r.window_s if r else None)} s;"
-        f" 1 rack: {_fmt(cpu_o)}; simulators: {_fmt(r.sims_cpu_cores if r else None)} cores"),
+        f" valvey {_fmt(r.cpu_cores('valvey') if r else None)}, racky "
+        f"{_fmt(r.cpu_cores('racky') if r else None)}; 1 rack: {_fmt(cpu_o)}; simulators: "
+        f"{_fmt(r.sims_cpu_cores if r else None)} cores"),
         extra={"per_process": r.daemon_cpu_s if r else {}, "window_s": r.window_s if r else None,
                "one_rack": cpu_o}))
     figs.append(Figure("bench.row.tick_late_p99_ms", worst(r), "ms", 5.0, "<=", detail=(
@@ -237,6 +248,12 @@ def row_figures(one: RowRun | None, row: RowRun | None) -> list[Figure]:
     figs.append(Figure("bench.row.sims_cpu_cores", r.sims_cpu_cores if r else None, "CPU-s/s",
                        detail=side(r, "the simulator processes (not the daemons') over the "
                                    "window")))
+    figs.append(Figure("bench.row.host_busy_cores", r.host_busy_cores if r else None,
+                       "CPU-s/s", detail=side(r, (
+                           "the whole host over the window, other jobs included (/proc/stat); "
+                           "1-min load average " + (" -> ".join(f"{x:.1f}" for x in r.load_avg)
+                                                     if r and r.load_avg else "—")
+                           + f"; 1 rack: {_fmt(o.host_busy_cores if o else None)}"))))
     figs.append(Figure("bench.row.startup_s", r.startup_s if r else None, "s", detail=side(
         r, "daemons started -> every simulator heard (imports, connects, first publish)")))
     figs.append(Figure("bench.row.one_rack.daemons_cpu_cores", cpu_o, "CPU-s/s",
@@ -284,6 +301,13 @@ def _configs(tmp: Path, srv: Servers, rack: str, mb_port: int, shelf_port: int
                                       "unit_id": 1 + i, "register_map": "power-shelf"}
                                      for i in range(8)]}, "bench row")
     return v, r
+
+
+def host_busy_s() -> float:
+    """CPU-s the whole host has been busy so far (all cores: /proc/stat's first line, idle and
+    iowait left out)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def _stop_all(kids: Sequence[Child], timeout_s: float = 20.0) -> None:
@@ -350,9 +374,11 @@ def row_run(tmp: Path, srv: Servers, n_racks: int, warmup_s: float, window_s: fl
         startup = time.monotonic() - t_start
         time.sleep(warmup_s)
         procs = {k: c for k, (c, _) in daemons.items()}
-        d0, s0, t0 = _cpu(procs), _cpu(sims), time.monotonic()
+        d0, s0, h0, t0 = _cpu(procs), _cpu(sims), host_busy_s(), time.monotonic()
+        load0 = os.getloadavg()[0]
         time.sleep(window_s)
-        d1, s1, t1 = _cpu(procs), _cpu(sims), time.monotonic()
+        d1, s1, h1, t1 = _cpu(procs), _cpu(sims), host_busy_s(), time.monotonic()
+        load1 = os.getloadavg()[0]
         _stop_all(list(sims.values()))
         time.sleep(DRAIN_S)
         _stop_all([watch])
@@ -390,7 +416,7 @@ def row_run(tmp: Path, srv: Servers, n_racks: int, warmup_s: float, window_s: fl
         sim_cpu_s={k: s1[k] - s0[k] for k in s0 if k in s1},
         late_ms=late, health_late_ms=hl, lost_lines=lost_lines(health, list(daemons)),
         tray_published=published, tray_parsed=parsed, lag_s=lag, lag_growth_s=growth,
-        sim_overruns=overruns)
+        sim_overruns=overruns, host_busy_cores=(h1 - h0) / wall, load_avg=(load0, load1))
 
 
 def section_row(ctx: Context) -> list[Figure]:

@@ -14,6 +14,7 @@ t_s, ts_ns], ...], "health": [[rack, daemon, recv_mono, self], ...]}``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -21,7 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiomqtt
+from rackplane.clock import SYSTEM_CLOCK
+from rackplane.io.mqtt import MqttLink
+from rackplane.io.mqtt.queues import Message
+from rackplane.settings import Identity, MqttSettings
 
 
 async def run(host: str, port: int, out: Path) -> None:
@@ -30,34 +34,40 @@ async def run(host: str, port: int, out: Path) -> None:
     racks: set[str] = set()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with aiomqtt.Client(host, port, identifier=f"bench-row-watch-{time.monotonic_ns()}",
-                              protocol=aiomqtt.ProtocolVersion.V5) as client:
-        await client.subscribe("rackplane/+/+/sim/telemetry/plant", qos=0)
-        await client.subscribe("rackplane/+/+/+/state/health", qos=0)
+
+    def on_message(msg: Message) -> None:
+        now = time.monotonic()
+        parts = msg.topic.split("/")
+        try:
+            body = msg.json()
+        except ValueError:
+            return
+        if not isinstance(body, dict) or len(parts) < 6:
+            return
+        rack, daemon = parts[2], parts[3]
+        if parts[4] == "telemetry":
+            plant.append([rack, now, body.get("t_s"), body.get("ts_ns")])
+            if rack not in racks:
+                racks.add(rack)
+                Path(str(out) + ".seen").write_text(str(len(racks)))
+        elif isinstance(body.get("self"), dict):
+            health.append([rack, daemon, now, body["self"]])
+
+    link = MqttLink(MqttSettings(host=host, port=port, clean_session=True,
+                                 client_id=f"bench-row-watch-{time.monotonic_ns()}"),
+                    Identity(site="lab", rack="benchwatch"), "watch", clock=SYSTEM_CLOCK)
+    link.subscribe("rackplane/+/+/sim/telemetry/plant", on_message, qos=0)
+    link.subscribe("rackplane/+/+/+/state/health", on_message, qos=0)
+    task = asyncio.create_task(link.run())
+    try:
+        await link.wait_ready(30)
         Path(str(out) + ".ready").write_text("1")  # noqa: ASYNC240 - once
-
-        async def consume() -> None:
-            async for msg in client.messages:
-                now = time.monotonic()
-                parts = str(msg.topic).split("/")
-                try:
-                    body = json.loads(bytes(msg.payload))  # type: ignore[arg-type]
-                except (TypeError, ValueError):
-                    continue
-                if not isinstance(body, dict) or len(parts) < 6:
-                    continue
-                rack, daemon = parts[2], parts[3]
-                if parts[4] == "telemetry":
-                    plant.append([rack, now, body.get("t_s"), body.get("ts_ns")])
-                    if rack not in racks:
-                        racks.add(rack)
-                        Path(str(out) + ".seen").write_text(str(len(racks)))  # noqa: ASYNC240
-                elif isinstance(body.get("self"), dict):
-                    health.append([rack, daemon, now, body["self"]])
-
-        task = asyncio.create_task(consume())
         await stop.wait()
+    finally:
+        await link.stop()
         task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     out.write_text(json.dumps({"plant": plant, "health": health}))  # noqa: ASYNC240 - at exit
 
 
