@@ -53,8 +53,8 @@ from harness.demo.procs import write_toml
 from harness.figures import Comparison, Figure
 from harness.servers import free_port
 
-__all__ = ["ROW_NAMES", "RowRun", "host_busy_s", "lost_lines", "row_figures", "row_run", "section_row",
-           "sim_lag_s", "window_lateness_ms"]
+__all__ = ["ROW_NAMES", "RowRun", "host_busy_s", "lost_lines", "row_figures", "row_run",
+           "section_row", "sim_lag_s", "window_lateness_ms"]
 
 SITE = "lab"
 SCENARIO = "healthy-24h"
