@@ -242,8 +242,9 @@ def row_figures(one: RowRun | None, row: RowRun | None) -> list[Figure]:
     figs.append(Figure("bench.row.sim_lag_s", lag(r), "s", 1.0, "<=", detail=(
         "the most behind simulator: wall s - plant s from its first to its last telemetry/"
         "plant (its own ts_ns and t_s); grown during the window: "
-        f"{_fmt(max(r.lag_growth_s.values()) if r and r.lag_growth_s else None)} s; skipped "
-        f"10 Hz steps: {sum(r.sim_overruns.values()) if r else '—'}; 1 rack: {_fmt(lag(o))} s"),
+        f"{_fmt(max(r.lag_growth_s.values()) if r and r.lag_growth_s else None)} s; 10 Hz steps "
+        f"skipped, all simulators: {sum(r.sim_overruns.values()) if r else '—'}; 1 rack: "
+        f"{_fmt(lag(o))} s"),
         extra={"per_rack_s": r.lag_s if r else {}}))
     figs.append(Figure("bench.row.sims_cpu_cores", r.sims_cpu_cores if r else None, "CPU-s/s",
                        detail=side(r, "the simulator processes (not the daemons') over the "

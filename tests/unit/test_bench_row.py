@@ -112,3 +112,31 @@ def test_row_plot_is_written(tmp_path: Path) -> None:
            for n in (1, 8)}
     paths = bench.write_plots(tmp_path, {"row": row})
     assert [p.name for p in paths] == ["row.png"] and paths[0].stat().st_size > 1000
+
+
+@pytest.mark.servers
+def test_row_run_of_two_racks_measures_every_process(tmp_path: Path) -> None:
+    """The machinery end to end on 2 racks for a few seconds (private Mosquitto and
+    VictoriaMetrics, 2 simulators, 2 valvey, 2 racky): every daemon's ticks in the window,
+    both simulators' clocks, every tray message parsed; no timing target is asserted."""
+    from harness.benchrow import row_run
+    from harness.benchrun import start_servers
+
+    try:
+        srv = start_servers(tmp_path)
+    except RuntimeError as err:
+        pytest.skip(str(err))
+    try:
+        run = row_run(tmp_path, srv, 2, 0.5, 3.0, "t")
+    finally:
+        srv.stop()
+    keys = {f"{d}@tr{i}" for d in ("valvey", "racky") for i in (1, 2)}
+    assert set(run.late_ms) == keys and set(run.daemon_cpu_s) == keys
+    # valvey ticks at 10 Hz, racky at 1 Hz: about 30 and 3 in a 3 s window (a busy host skips some)
+    for key, late in run.late_ms.items():
+        assert (10 <= len(late) <= 40) if key.startswith("valvey") else (1 <= len(late) <= 5)
+    assert all(v > 0 for v in run.daemon_cpu_s.values())
+    assert set(run.lag_s) == {"tr1", "tr2"} and set(run.tray_published) == {"tr1", "tr2"}
+    assert all(n >= 18 for n in run.tray_published.values())
+    assert run.tray_parsed == run.tray_published
+    assert set(run.lost_lines) == keys
