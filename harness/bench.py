@@ -32,6 +32,9 @@ plant_s``                              fixed segment of valvey's load-step (mode
 ``modbus.*``                           CPU of polling the CDU map at 10 Hz: rackplane.io.modbus vs
                                        raw pymodbus decoding the same requests, same server
 ``tsdb.*``                             points/s through the spool vs raw influxdb-client batches
+``row.*``                              1 then 8 racks' valvey + racky + simulator processes on
+                                       one host: daemons' CPU, tick p99, losses, simulator lag
+                                       (`harness.benchrow`)
 ``rlc.allocation_cycle_1800_racks_ms`` rlc's allocation cycle (ledgers, allocator, leases) for
                                        1,800 racks, one thread (`harness.bench_rlc`, issue 16)
 =====================================  ==========================================================
@@ -232,7 +235,8 @@ def run_suite(out: Path, quick: bool, progress: Progress = no_progress,
 
 
 def write_plots(out: Path, plots: dict[str, Any]) -> list[Path]:
-    """tick-lateness histogram and ingest rate vs loss/CPU (PNG) when the data exists."""
+    """tick-lateness histogram, ingest rate vs loss/CPU and the row's CPU and lateness (PNG)
+    when the data exists."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -274,7 +278,43 @@ def write_plots(out: Path, plots: dict[str, Any]) -> list[Path]:
         fig.savefig(p, dpi=110)
         plt.close(fig)
         paths.append(p)
+    row = plots.get("row")
+    if row:
+        paths.append(_row_plot(plt, out, row))
     return paths
+
+
+def _row_plot(plt: Any, out: Path, row: dict[int, dict[str, Any]]) -> Path:
+    """row.png: the daemons' (and simulators') CPU and each daemon process's p99 tick
+    lateness, 1 rack vs the row (`harness.benchrow`)."""
+    ns = sorted(row)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
+    xs = range(len(ns))
+    ax1.bar([x - 0.2 for x in xs], [row[n]["cpu_cores"] for n in ns], 0.4,
+            label="valvey + racky")
+    ax1.bar([x + 0.2 for x in xs], [row[n]["sims_cpu_cores"] for n in ns], 0.4,
+            label="simulators", color="tab:gray")
+    ax1.axhline(1.0, color="k", ls="--", lw=1, label="daemons' target 1 core")
+    ax1.set_xticks(list(xs), [f"{n} rack{'s' if n > 1 else ''}" for n in ns])
+    ax1.set_ylabel("CPU-s per s (cores)")
+    ax1.legend(fontsize=8)
+    for x, n in zip(xs, ns, strict=True):
+        p99 = row[n]["p99_ms"]
+        for kind, mark in (("valvey", "o"), ("racky", "s")):
+            vals = [v for k, v in p99.items() if k.startswith(kind + "@")]
+            ax2.plot([x] * len(vals), vals, mark, alpha=0.7,
+                     label=kind if x == 0 else None, color="tab:blue" if kind == "valvey"
+                     else "tab:orange")
+    ax2.axhline(5.0, color="k", ls="--", lw=1, label="p99 target 5 ms")
+    ax2.set_xticks(list(xs), [f"{n} rack{'s' if n > 1 else ''}" for n in ns])
+    ax2.set_xlim(-0.5, len(ns) - 0.5)
+    ax2.set_ylabel("control-tick lateness p99 per process, ms")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    p = out / "row.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p
 
 
 def _rich_progress() -> tuple[Progress, Callable[[], None]]:

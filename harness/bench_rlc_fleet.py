@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Final
 
 from harness.bench_rlc import synthetic_site
-from harness.benchrun import Child, Context, _cpu_s, bench_script, spawn
+from harness.benchrun import Child, Context, bench_script, cpu_s, spawn
 from harness.figures import Comparison, Figure
 
 __all__ = ["RLC_FLEET_NAMES", "section_rlc_fleet"]
@@ -136,10 +136,10 @@ def section_rlc_fleet(ctx: Context) -> list[Figure]:
         ctx.progress("rlc fleet", 0.3)
         time.sleep(SETTLE_S)
         nodes = [n.proc.pid for n in cluster.nodes if n.proc is not None]
-        s0, c0, n0, w0 = _status(status), _cpu_s(rlc.pid), sum(map(_cpu_s, nodes)), \
+        s0, c0, n0, w0 = _status(status), cpu_s(rlc.pid), sum(map(cpu_s, nodes)), \
             time.monotonic()
         time.sleep(measure_s)
-        s1, c1, n1, w1 = _status(status), _cpu_s(rlc.pid), sum(map(_cpu_s, nodes)), \
+        s1, c1, n1, w1 = _status(status), cpu_s(rlc.pid), sum(map(cpu_s, nodes)), \
             time.monotonic()
         ctx.progress("rlc fleet", 0.9)
         rlc.stop()

@@ -29,6 +29,7 @@ __all__ = [
     "IngestRun",
     "Servers",
     "bench_script",
+    "cpu_s",
     "failed_figures",
     "ingest_run",
     "lateness_ms",
@@ -72,7 +73,7 @@ def failed_figures(names: Sequence[tuple[str, str, float | None, Comparison]], w
     return [Figure(n, None, u, t, c, detail=why.replace("|", "/")[:400]) for n, u, t, c in names]
 
 
-def _cpu_s(pid: int) -> float:
+def cpu_s(pid: int) -> float:
     """user + system CPU seconds of process ``pid`` so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
@@ -291,11 +292,11 @@ def ingest_run(tmp: Path, srv: Servers, n_racks: int, mult: int, duration_s: flo
         deadline = time.monotonic() + 600
         while gen.alive() and time.monotonic() < deadline:
             if not cpu0 and Path(str(out) + ".started").exists():
-                cpu0 = {k.pid: _cpu_s(k.pid) for k, _ in kids}
+                cpu0 = {k.pid: cpu_s(k.pid) for k, _ in kids}
                 t_cpu0 = time.monotonic()
             time.sleep(0.1)
         gen.stop()
-        cpu1 = {k.pid: _cpu_s(k.pid) for k, _ in kids if k.alive()}
+        cpu1 = {k.pid: cpu_s(k.pid) for k, _ in kids if k.alive()}
         t_cpu1 = time.monotonic()
         if not out.exists():
             raise RuntimeError(f"load generator failed: {gen.tail()}")

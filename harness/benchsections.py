@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness.bench_rlc_fleet import RLC_FLEET_NAMES, section_rlc_fleet
 from harness.benchchaos import CHAOS_NAMES, section_chaos
+from harness.benchrow import ROW_NAMES, section_row
 from harness.benchrun import (
     Child,
     Context,
@@ -338,6 +339,7 @@ SECTIONS: list[tuple[str, Callable[[Context], list[Figure]], list[tuple[str, str
     ("modbus", section_modbus, [("bench.modbus.cost_ratio_to_raw", "x", 1.2, "<=")]),
     ("tsdb", section_tsdb, [("bench.tsdb.ratio_to_raw", "x", 0.8, ">=")]),
     ("rlc fleet", section_rlc_fleet, RLC_FLEET_NAMES),
+    ("row", section_row, ROW_NAMES),
     ("chaos", section_chaos, CHAOS_NAMES),
 ]
 

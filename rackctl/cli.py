@@ -309,7 +309,7 @@ def bench(
     quick: Annotated[bool, typer.Option("--quick", help="shorter runs (a smoke test)")] = False,
     only: Annotated[list[str] | None, typer.Option(
         "--only", help="run only this section (lockstep, callgrind, rlc, ingest, receive path, "
-        "restart, modbus, tsdb, rlc fleet, chaos); repeat for several")] = None,
+        "restart, modbus, tsdb, rlc fleet, row, chaos); repeat for several")] = None,
     chaos_failovers: Annotated[int, typer.Option(
         "--chaos-failovers", min=1, max=200,
         help="failovers of each kind in the chaos section (3 with --quick)")] = 20,

@@ -6,6 +6,8 @@ Usage: ``python -m harness.benchkids.daemon_child racky|valvey CONFIG STATS_JSON
 * racky: every tray payload handed to ``TelemetryIngest.tray_payload`` is counted (first and
   last monotonic time), so the benchmark can compare what it published with what racky parsed.
 * valvey: every control-tick lateness is kept (``TickStats.recent_late_s`` keeps only 600).
+* both: the monotonic time of every tick (``tick_mono``, beside ``late_s``; CLOCK_MONOTONIC is
+  system-wide, so the benchmark cuts its measured window out of them).
 
 The stats file is written when the daemon stops (SIGTERM). Nothing else differs from
 ``racky --config CONFIG`` / ``valvey --config CONFIG``.
@@ -25,7 +27,14 @@ from rackplane.io.service import TickStats, run_daemon
 
 
 class _KeepAll(TickStats):
+    """`TickStats` keeping every tick's lateness (s) and its monotonic time (s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tick_mono: list[float] = []
+
     def record(self, late_s: float, keep: int = 600) -> None:
+        self.tick_mono.append(time.monotonic())
         super().record(late_s, keep=10**8)
 
 
@@ -35,6 +44,7 @@ def _racky(cfg_path: Path, stats: dict[str, Any]) -> Any:
     cfg = load_racky_config(cfg_path)
     setup_logging(None, None, cfg.log)
     daemon = Racky(cfg, config_path=cfg_path)
+    daemon.tick_stats = _KeepAll()
     ingest = daemon.ingest
     parse = ingest.tray_payload
 
@@ -85,7 +95,8 @@ def main(argv: list[str]) -> int:
     rc = asyncio.run(_run(daemon, which, Path(str(out) + ".subscribed")))
     ts = daemon.tick_stats
     stats.update(ticks=ts.ticks, overruns=ts.overruns, late_max_s=ts.late_max_s,
-                 late_s=list(ts.recent_late_s))
+                 late_s=list(ts.recent_late_s),
+                 tick_mono=list(getattr(ts, "tick_mono", [])))
     mq = getattr(daemon, "mqtt", None)
     if mq is not None:
         stats["mqtt_messages_in"] = mq.stats.messages_in
