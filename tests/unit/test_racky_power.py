@@ -106,6 +106,46 @@ def test_cap_rise_is_ramp_limited_and_a_fall_is_immediate_when_over_the_limit() 
     assert down.sum() <= 10_000.0 * 0.99 + 1.0
 
 
+def test_a_fall_below_a_hard_limit_is_immediate_even_under_the_limit_and_short_dt() -> None:
+    """Fleet mode (``hard_limit_w``: rlc's lease bounds what the trays may draw): while the
+    caps exceed it, a fall goes out at once, whatever dt (a tick run early) and though the
+    rack draws less than the limit; without it the fall is ramp-limited by dt."""
+    cfg = PowerSettings(cap_ramp_down_w_per_s=2000.0)
+    mx = CapAllocator(cfg, AG).tray_max_w
+    caps_at: dict[str, np.ndarray] = {}
+    for hard in (False, True):
+        alloc = CapAllocator(cfg, AG)
+        v = view([mx] * 4)
+        v.power_w[:] = 2000.0  # the rack draws 8 kW: under every limit below
+        high = settle(alloc, 24_000.0, v)
+        v.enforced_w[:] = high
+        caps_at[str(hard)] = alloc.allocate(14_000.0, 0.0, v, 8_000.0, 0.05,
+                                            hard_limit_w=14_000.0 if hard else None)
+    ramped, at_once = caps_at["False"], caps_at["True"]
+    assert at_once.sum() <= 14_000.0 * 0.99 + 1.0
+    np.testing.assert_allclose(ramped, high - 2000.0 * 0.05, atol=1.0)  # 100 W in 0.05 s
+
+
+def test_the_demand_peak_hold_is_a_time_window_whatever_the_ticks() -> None:
+    """A tick run early adds an entry; the peak is still held ``demand_hold_s``, no shorter
+    (and no longer: gone once older)."""
+    from racky.core.telemetry import TrayTable
+
+    alloc = CapAllocator(PowerSettings(demand_hold_s=3.0), AG)
+
+    def table(w: float, now: float) -> TrayTable:
+        r = _reading(None, now)
+        base = {f: getattr(r, f) for f in r.__slots__}
+        return TrayTable.build({k: TrayReading(**{**base, "tray": k, "power_w": w,
+                                                  "gpu_index": np.arange(4 * k, 4 * k + 4)})
+                                for k in range(4)}, 4, 4, now, 5.0)
+
+    assert alloc.demand(table(5000.0, 10.0), 10.0)[0] == pytest.approx(5000.0)
+    for now in (10.5, 10.55, 10.6, 11.0, 12.0, 13.0):  # early ticks at 10.5-10.6
+        assert alloc.demand(table(1000.0, now), now)[0] == pytest.approx(5000.0), now
+    assert alloc.demand(table(1000.0, 14.0), 14.0)[0] == pytest.approx(1000.0)
+
+
 def test_budget_below_the_trays_minimum_is_infeasible() -> None:
     alloc = CapAllocator(PowerSettings(), AG)
     alloc.allocate(2 * alloc.tray_min_w, 0.0, view([5000.0] * 4), None, 1.0)
@@ -336,7 +376,7 @@ def test_a_power_capped_tray_is_estimated_above_its_power_so_its_cap_can_rise() 
                                      "gpu_index": np.arange(4 * k, 4 * k + 4),
                                      "gpu_power_capped": capped})
     t = TrayTable.build(readings, 4, 4, 1.0, 5.0)
-    d = alloc.demand(t)
+    d = alloc.demand(t, 1.0)
     assert d[0] > 4000.0 * 1.09 and d[1] == pytest.approx(4000.0)
 
 
