@@ -156,7 +156,8 @@ class RackyCore:
         self.recon = Reconciler(p, self.n_trays, DeviceLimits.of(a, self.alloc.other_share))
         self.blast = BlastRadius(p.blast_radius)
         self.thermal = ThermalWatch(cfg.thermal, cfg.cooling, a.trays, a.gpus_per_tray,
-                                    a.gpu_tgp_w, a.gpu_min_power_limit_w)
+                                    a.gpu_tgp_w, a.gpu_min_power_limit_w,
+                                    slope_gap_s=0.5 * cfg.control.tick_s)
         self.links: LinkHealth | None = None
         self._baselines_saved = 0
         self.desired_powered: list[bool | None] = [None] * self.n_trays

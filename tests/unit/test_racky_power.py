@@ -484,3 +484,32 @@ def test_a_rare_cap_drift_does_not_alarm_and_the_count_is_configurable() -> None
     steps = _run_other_writer(Reconciler(cfg2, 1, LIM), period_s=400.0, until_s=1300.0,
                               stop_s=1300.0)
     assert any(0 in d for _t, d in steps)
+
+
+def test_a_tick_run_early_adds_no_sample_to_the_thermal_slope_fit() -> None:
+    """The die's rate of rise is fitted over samples a nominal tick apart: a tick run early
+    (a fleet decrease) evaluates it without a sample 0.05 s after the last, whose reading's
+    jitter would be extrapolated over the plate's time constant; the next regular tick
+    samples again."""
+    from racky.config import RackyConfig
+    from racky.core.thermal import ThermalInputs, ThermalWatch
+
+    cfg = RackyConfig()
+    a = AG
+
+    def slopes(gap_s: float) -> list[float]:
+        tw = ThermalWatch(cfg.thermal, cfg.cooling, a.trays, a.gpus_per_tray, a.gpu_tgp_w,
+                          a.gpu_min_power_limit_w, slope_gap_s=gap_s)
+        n = a.trays * a.gpus_per_tray
+        out = []
+        for now, tj in ((0.0, 60.0), (1.0, 60.1), (2.0, 60.2), (2.05, 61.0), (3.05, 60.3)):
+            x = ThermalInputs(np.full(n, tj), np.full(n, 30.0), np.full(n, 800.0),
+                              np.zeros(n, dtype=bool), np.ones(n, dtype=bool),
+                              np.full(a.trays, 45.0), np.ones(a.trays, dtype=bool), {}, None)
+            out.append(tw.step(now, x).max_slope_k_per_s)
+        return out
+
+    gapped, every = slopes(0.5), slopes(0.0)
+    assert gapped[3] == pytest.approx(0.1)  # the early tick: the fit of 0, 1, 2 s
+    assert every[3] > 4 * 0.1  # sampled: 0.8 K of jitter 0.05 s later: 5x the true slope
+    assert gapped[4] == pytest.approx(np.polyfit([1.0, 2.0, 3.05], [60.1, 60.2, 60.3], 1)[0])
