@@ -10,9 +10,9 @@ hooks; the frame owns the rest:
   the time series (measurement ``command``);
 - **run**: one `asyncio.TaskGroup` with named supervised tasks: the daemon's owner tasks
   (`owner_tasks`, started first; more at run time with `start_task`), ``mqtt``, ``tsdb`` and
-  the tick (`tick_task_name`, every ``cfg.control.tick_s`` on a fixed schedule). After the
-  first tick: ``READY=1`` (never waiting for the broker or the database); every tick feeds the
-  watchdog (FIELD-CASES BR-24);
+  the tick (`tick_task_name`, every ``cfg.control.tick_s`` on a fixed schedule; `wake_tick`:
+  the next one now). After the first tick: ``READY=1`` (never waiting for the broker or the
+  database); every tick feeds the watchdog (FIELD-CASES BR-24);
 - **ordered stop** when ``stop`` is set: ``STOPPING=1``, the tick stops, the daemon's stop
   writes (`stop_outputs`), its state saved (`save_state_at_stop`), the last state published
   (`publish_final_state`), the MQTT link stopped (``stopping`` then ``offline``), the writer
@@ -243,6 +243,7 @@ class DaemonFrame(ABC, Generic[C]):
         self.selfmetrics = SelfMetrics(self.daemon, cfg.metrics, clock=clock)
         self.started_mono = clock.monotonic()
         self.first_step_done = asyncio.Event()
+        self._tick_wake = asyncio.Event()
         self.tasks: dict[str, asyncio.Task[Any]] = {}
         self._tg: asyncio.TaskGroup | None = None
 
@@ -582,6 +583,12 @@ class DaemonFrame(ABC, Generic[C]):
         self-metrics."""
         return None
 
+    def wake_tick(self) -> None:
+        """Run the next tick now (an input that cannot wait a period, e.g. racky's fleet budget
+        decrease): the same `tick` at the real time (dt: the real time elapsed), the schedule
+        going on a period after it (`rackplane.io.service.run_ticker` ``wake``)."""
+        self._tick_wake.set()
+
     def run_tick(self, now: float) -> None:
         """One tick as the ticker runs it: the daemon's `tick`, its self-metrics, the
         watchdog, and READY after the first one (one of a pair: its role first)."""
@@ -631,7 +638,7 @@ class DaemonFrame(ABC, Generic[C]):
                                          name="tsdb")
             ticker = tg.create_task(
                 run_ticker(self.cfg.control.tick_s, self.run_tick, self.clock,
-                           self.tick_stats),
+                           self.tick_stats, wake=self._tick_wake),
                 name=self.tick_task_name,
             )
             await stop.wait()

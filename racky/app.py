@@ -254,6 +254,7 @@ class Racky(DaemonFrame[RackyConfig]):
         if cfg.fleet.enabled:
             self.fleet = FleetLink(cfg.fleet, cfg.identity.site, cfg.identity.rack,
                                    clock=clock)
+            self.fleet.wake_tick = self.wake_tick  # a decrease, its read-back: tick now
             self.core.fleet_budget_w = self.fleet.dc_budget_w()
 
     @classmethod
@@ -284,7 +285,13 @@ class Racky(DaemonFrame[RackyConfig]):
                           wall_ns=self.clock.wall_ns())  # wall-clock: age of a retained value
         self.log_records(self.racky_tick.take_logs())
 
-    _on_agent_telemetry = _on_agent_reply = _on_cooling = _on_plant = _on_message
+    _on_agent_reply = _on_cooling = _on_plant = _on_message
+
+    def _on_agent_telemetry(self, msg: Message) -> None:
+        """A tray's telemetry (`_on_message`); a cap read back lower goes to the fleet side."""
+        self._on_message(msg)
+        if self.racky_tick.take_readback_lowered() and self.fleet is not None:
+            self.fleet.readback_lowered()
 
     def cooling_reading(self) -> CoolingReading | None:
         """The cooling reading the next tick uses (`RackyTick.cooling_reading`)."""

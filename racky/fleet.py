@@ -7,6 +7,12 @@
   and every ``read_every_s``; every write to it is also pushed as the server publishes it
   (`NatsKv.subscribe_key`, for latency; the reads stay the truth). Each lease goes through
   `racky.core.budget.BudgetFollower.offer` (newer (epoch, seq) only).
+- **promptness** (``wake_tick``, the daemon's `rackplane.daemon.DaemonFrame.wake_tick`: racky's
+  one tick runs now rather than at its time): a lease that lowers the budget in force wakes
+  it, so the caps go out within milliseconds of the lease; while a lease awaits its
+  acknowledgement, an agent's telemetry reading its enforced cap back lower wakes it too
+  (`readback_lowered`), so the acknowledgement follows the read-back, not the next tick. An
+  increase waits for the next tick (never applied before it is read either way).
 - **report**: the rack key ``<site>.<rack>.rack`` (`RackReport`) is written (plain put) when
   its content changes (an acknowledgement at once) and at least every ``report_every_s``
   (rlc marks a rack whose report stops changing unreachable).
@@ -38,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -141,6 +148,8 @@ class FleetLink:
                       "bad_records": 0, "reconnects": 0, "safe_cap_above_trays": 0}
         self._safe_above: dict[int, float] = {}
         self.connected = False
+        #: runs the daemon's tick now (module docstring: promptness); None: never woken
+        self.wake_tick: Callable[[], None] | None = None
         self._read_now = asyncio.Event()
         self._report_now = asyncio.Event()
         self._failing = False
@@ -158,6 +167,12 @@ class FleetLink:
         """A read-back in the lease's terms (AC input, W); a new acknowledgement is reported
         at once."""
         self._acked(self.follower.observe(drawable_w, demand_w, *self._now()), drawable_w)
+
+    def readback_lowered(self) -> None:
+        """An agent's telemetry read its enforced cap back lower (`racky.tick.RackyTick.
+        take_readback_lowered`): while a lease awaits its acknowledgement, wake the tick."""
+        if self.wake_tick is not None and self.follower.awaiting_ack(*self._now()):
+            self.wake_tick()
 
     def dc_budget_w(self) -> float:
         """The budget for racky's core (DC output, W; `FleetSide.dc_budget_w`)."""
@@ -232,7 +247,8 @@ class FleetLink:
         self._read_now.set()
         self._report_now.set()
 
-    def _take(self, value: bytes) -> None:
+    def take(self, value: bytes) -> None:
+        """The budget key's value as read or pushed (the JSON record); a bad one is counted."""
         try:
             lease = BudgetLease.from_record(json.loads(value)["lease"])
         except (ValueError, TypeError, KeyError):
@@ -244,11 +260,13 @@ class FleetLink:
             if lease.value_w != before:
                 self.log.info("budget_lease_taken", key=self.budget_key, value_w=lease.value_w,
                               epoch=lease.epoch, seq=lease.seq, before_w=before)
+            if lease.value_w < before and self.wake_tick is not None:
+                self.wake_tick()
             self._report_now.set()
 
     def _pushed(self, value: bytes, deleted: bool) -> None:
         if not deleted:
-            self._take(value)
+            self.take(value)
 
     def _fail(self, event: str, err: Exception) -> None:
         if not self._failing:
@@ -260,7 +278,7 @@ class FleetLink:
             try:
                 got = await kv.read(self.budget_key)
                 if got is not None:
-                    self._take(got[1])
+                    self.take(got[1])
                 self._failing = False
             except KvUnknown as err:
                 self.stats["reads_failed"] += 1

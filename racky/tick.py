@@ -209,6 +209,10 @@ class RackyTick:
         self._cooling_t: float | None = None
         self._plant_t: float | None = None
         self.payload_problems: dict[str, str] = {}
+        self.readback_lowered = False
+        """A tray's telemetry read its enforced cap back lower than its previous message did
+        (set by `agent_telemetry`, cleared by `take_readback_lowered`): racky's fleet side wakes
+        the tick on it while a decrease awaits its acknowledgement (`racky.fleet`)."""
         self.invalid_inputs = 0
         """Cooling / plant / agent-reply messages refused (not a JSON object) and cooling
         values outside their windows, since start (self-metric ``input_invalid_samples``
@@ -240,6 +244,11 @@ class RackyTick:
             x.point: hold_good(prev.get(x.point), x, hold_s) if (
                 x.quality is Quality.STALE and x.value is None) else x
             for x in samples}
+
+    def take_readback_lowered(self) -> bool:
+        """Whether an enforced cap was read back lower since the last call (then cleared)."""
+        out, self.readback_lowered = self.readback_lowered, False
+        return out
 
     def take_logs(self) -> list[LogRecord]:
         """The log records the input methods made since the last call (then cleared)."""
@@ -299,6 +308,10 @@ class RackyTick:
                 self._implausible["trays"][thing] = why_implausible
                 raise PayloadError(why_implausible)
             self._implausible["trays"].pop(thing, None)
+            new = self.ingest.trays.get(int(suffix))
+            if prev is not None and new is not None and \
+                    new.agent.enforced_tray_cap_w < prev.agent.enforced_tray_cap_w:
+                self.readback_lowered = True
         except StaleMessage as err:
             key = f"{thing}:stale:{err}"
             if key not in self.payload_problems:

@@ -32,6 +32,7 @@ from rackplane.settings import ModbusTargetSettings
 from racky.config import RackyConfig
 from racky.core.controller import RackyCore
 from racky.core.lifecycle import Lifecycle, PersistedState
+from racky.fleet import FleetLink
 from racky.tick import AgentPublish, RackyTick
 from sims.modbus_face import ModbusFace
 from sims.runtime import apply_set_power_limits, plant_payload, serve_values
@@ -72,6 +73,10 @@ class RackyLockstepResult:
     core: RackyCore
     fine: dict[str, list[float]] = field(default_factory=dict)
     refused: list[tuple[float, tuple[int, ...], str]] = field(default_factory=list)
+    ticks: list[float] = field(default_factory=list)
+    """Plant time of every tick (ticks woken early included)."""
+    fleet_acks: list[tuple[float, tuple[int, int]]] = field(default_factory=list)
+    """(plant s, lease key) of every acknowledgement of the ``fleet`` link."""
 
     def raised(self, kind: str | None = None) -> list[AlarmRecord]:
         """Raise events (of ``kind``, an id prefix, when given)."""
@@ -199,10 +204,7 @@ class _RackyIO:
         for i, face in enumerate(self.shelves):
             tick.shelf_samples(face.target.name,
                                face.poll(sh.shelf_readings(i), pr.sentinel_points, wall_ns, now))
-        if pr.publishing("trays"):
-            for thing, payload in tray_payloads(self.rack, self.ident, wall_ns):
-                tick.message(self.agents.telemetry(thing), _encode_tray(payload),
-                             retain=False, received_mono=now, wall_ns=wall_ns)
+        self.feed_agents(now, wall_ns)
         r = run.plant.readings()
         tick.message(self.cooling_topic, encode_json({
             "supply_temp_c": _finite(r.get("supply_temp_c")), "setpoint_c": self.setpoint_c,
@@ -213,6 +215,13 @@ class _RackyIO:
         if self.plant_topic is not None and pr.publishing("plant"):
             tick.message(self.plant_topic, encode_json(plant_payload(run, wall_ns)),
                          retain=False, received_mono=now, wall_ns=wall_ns)
+
+    def feed_agents(self, now: float, wall_ns: int) -> None:
+        """The node agents' ``telemetry/trayNN`` messages now."""
+        if self.run.protocol.publishing("trays"):
+            for thing, payload in tray_payloads(self.rack, self.ident, wall_ns):
+                self.tick.message(self.agents.telemetry(thing), _encode_tray(payload),
+                                  retain=False, received_mono=now, wall_ns=wall_ns)
 
     def _measured_capacity(self, now: float, r: Mapping[str, float]) -> float | None:
         """What valvey's state carries as ``capacity_w_per_k``: valvey's own capacity guard
@@ -314,6 +323,9 @@ def run_racky(
     hook: Callable[[float, ScenarioRun, RackyCore], None] | None = None,
     progress: Callable[[float], None] | None = None,
     tick_factory: Callable[[RackyConfig, RackyCore], RackyTick] | None = None,
+    fleet: FleetLink | None = None,
+    between: Callable[[float, ScenarioRun, RackyCore], None] | None = None,
+    agents_every_s: float | None = None,
 ) -> RackyLockstepResult:
     """Run ``scenario`` (the whole virtual rack, fabric on when the scenario has link faults or
     asks for it) with racky's tick (`racky.tick.RackyTick`, the daemon's) at 1 Hz by default.
@@ -328,6 +340,17 @@ def run_racky(
         hook: called before each tick with (plant s, the run, the core) to inject actions.
         tick_factory: builds the tick from (config, core) (default `RackyTick` started at 0;
             tests substitute a faulty one to show the figures come from the tick).
+        fleet: racky's fleet link (`racky.fleet.FleetLink`, never connected: the test hands
+            it leases with ``take``), wired as the daemon wires it (`racky.app.Racky.tick`:
+            its budget before each step, the step's read-back after; its ``wake_tick`` runs
+            the next tick at the next plant step, the schedule going on a tick after it, as
+            `rackplane.io.service.run_ticker` does); its clock is set to plant time.
+        between: called after every plant step between ticks with (plant s, the run, the
+            core): inputs that arrive between ticks (e.g. leases).
+        agents_every_s: the node agents also publish their telemetry between ticks, every
+            this many plant s (as real agents do on their own period; a cap read back lower
+            goes to ``fleet`` as the daemon hands it, `racky.app.Racky._on_agent_telemetry`);
+            None: once per tick only.
 
     Raises:
         ValueError: a plant step that does not divide the tick.
@@ -358,15 +381,34 @@ def run_racky(
     refused: list[tuple[float, tuple[int, ...], str]] = []
     rack = run.rack
     assert rack is not None
+    woken = [False]
+    clock = _PlantClock()
+    if fleet is not None:
+        fleet.clock = clock
+        fleet.wake_tick = lambda: woken.__setitem__(0, True)
+    ticks: list[float] = []
+    acks: list[tuple[float, tuple[int, int]]] = []
+    next_agents = math.inf if agents_every_s is None else agents_every_s
     while True:
         now = round(run.t_s, 6)
+        clock.t = now
         if now > end + 1e-9:
             break
         if hook is not None:
             hook(now, run, core)
         wall = WALL0_NS + round(now * 1e9)
         io.feed(now, wall)
+        tick.take_readback_lowered()  # fed with the tick: read at this step
+        woken[0] = False
+        ticks.append(now)
+        if fleet is not None:
+            core.fleet_budget_w = fleet.dc_budget_w()
         eff = tick.step(now, wall)
+        if fleet is not None:
+            acked = fleet.follower.acked
+            fleet.observe_core(core)
+            if fleet.follower.acked != acked and fleet.follower.acked is not None:
+                acks.append((now, fleet.follower.acked))
         out = eff.output
         assert out is not None
         for c in eff.agent_commands:
@@ -400,14 +442,38 @@ def run_racky(
             progress(now)
         if now >= end - 1e-9:
             break
-        for _ in range(n_sub):
+        for _ in range(n_sub):  # to the next tick, or the next plant step when woken
             run.step(plant_dt_s)
+            t = round(run.t_s, 6)
+            clock.t = t
             if fine_trace:
-                fine["t_s"].append(round(run.t_s, 6))
+                fine["t_s"].append(t)
                 fine["rack_power_w"].append(rack.shelves.state.load_w)
                 fine["rack_input_w"].append(rack.shelves.flows.input_w)
+            if between is not None:
+                between(t, run, core)
+            if t >= next_agents - 1e-9:
+                next_agents = t + (agents_every_s or math.inf)
+                io.feed_agents(t, WALL0_NS + round(t * 1e9))
+                if tick.take_readback_lowered() and fleet is not None:
+                    fleet.readback_lowered()
+            if woken[0]:
+                break
     return RackyLockstepResult(sc, trace, alarms, commands, list(run.ground_truth), core, fine,
-                               refused)
+                               refused, ticks, acks)
+
+
+class _PlantClock:
+    """Plant time as a `rackplane.clock.Clock` (monotonic s; wall: `WALL0_NS` + it)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def wall_ns(self) -> int:
+        return WALL0_NS + round(self.t * 1e9)
 
 
 # --- validation on the simulator -----------------------------------------------------------------

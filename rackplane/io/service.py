@@ -21,6 +21,7 @@ cannot connect to), and a send that fails later once per failing spell
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import signal
@@ -157,6 +158,8 @@ class TickStats:
     late_max_s: float = 0.0
     late_last_s: float = 0.0
     overruns: int = 0
+    woken: int = 0
+    """Ticks run early because an input woke the ticker (`run_ticker` ``wake``)."""
     recent_late_s: list[float] = field(default_factory=list)
 
     def record(self, late_s: float, keep: int = 600) -> None:
@@ -168,16 +171,31 @@ class TickStats:
             del self.recent_late_s[: len(self.recent_late_s) - keep]
 
 
+WAKE_MIN_GAP_S = 0.05
+"""An early tick (`run_ticker` ``wake``) runs no sooner than this after the previous tick
+began, s (default)."""
+
+
 async def run_ticker(
     period_s: float,
     step: Callable[[float], Awaitable[None] | None],
     clock: Clock,
     stats: TickStats | None = None,
+    wake: asyncio.Event | None = None,
+    wake_min_gap_s: float = WAKE_MIN_GAP_S,
 ) -> None:
     """Call ``step(now_mono)`` every ``period_s`` on a fixed schedule (no drift).
 
     A late tick is run at once; if the loop fell more than one period behind, the missed
     ticks are skipped (counted in ``stats.overruns``), never replayed in a burst.
+
+    ``wake``: an input that cannot wait for the next tick sets it (e.g. racky's fleet link on
+    a budget decrease): the next tick then runs **now** (the same ``step``; its ``now_mono``
+    is the real time, so a step's dt is the real time elapsed) and the schedule goes on one
+    period after it (the tick moved earlier; never an extra tick squeezed in before the next
+    scheduled one). An early tick runs no sooner than ``wake_min_gap_s`` after the previous
+    tick began (a flood of wakes cannot make the tick spin). The event is cleared as each
+    tick begins: a wake set before that tick is served by it. Counted in ``stats.woken``.
     Runs until cancelled.
     """
     next_t = clock.monotonic()
@@ -192,6 +210,9 @@ async def run_ticker(
             late = now - next_t
         if stats is not None:
             stats.record(max(0.0, late))
+        if wake is not None:
+            wake.clear()
+        began = now
         result = step(now)
         if asyncio.iscoroutine(result) or isinstance(result, Awaitable):
             await result
@@ -199,7 +220,19 @@ async def run_ticker(
         delay = next_t - clock.monotonic()
         # asyncio.sleep runs on the loop's monotonic clock; the schedule itself is kept in
         # next_t, so sleep inaccuracy never accumulates.
-        await asyncio.sleep(max(0.0, delay))
+        if wake is None:
+            await asyncio.sleep(max(0.0, delay))
+            continue
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, delay)):
+                await wake.wait()
+        if wake.is_set() and clock.monotonic() < next_t:  # woken: the next tick runs now
+            gap = began + wake_min_gap_s - clock.monotonic()
+            if gap > 0:
+                await asyncio.sleep(min(gap, max(0.0, next_t - clock.monotonic())))
+            next_t = min(next_t, clock.monotonic())
+            if stats is not None:
+                stats.woken += 1
 
 
 class Daemon(Protocol):

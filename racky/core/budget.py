@@ -98,6 +98,12 @@ class BudgetFollower:
         self.acked = lease.key
         return True
 
+    def awaiting_ack(self, now_wall_s: float, now_mono_s: float) -> bool:
+        """Whether the lease in force is not acknowledged yet."""
+        lease = self.lease
+        return (lease is not None and self.valid(now_wall_s, now_mono_s)
+                and (self.acked is None or lease.key > self.acked))
+
     def report(self, now_wall_s: float, now_mono_s: float) -> RackReport:
         """The rack key's record now."""
         return RackReport(rack=self.rack, demand_w=self.demand_w,

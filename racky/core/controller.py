@@ -156,7 +156,8 @@ class RackyCore:
         self.recon = Reconciler(p, self.n_trays, DeviceLimits.of(a, self.alloc.other_share))
         self.blast = BlastRadius(p.blast_radius)
         self.thermal = ThermalWatch(cfg.thermal, cfg.cooling, a.trays, a.gpus_per_tray,
-                                    a.gpu_tgp_w, a.gpu_min_power_limit_w)
+                                    a.gpu_tgp_w, a.gpu_min_power_limit_w,
+                                    slope_gap_s=0.5 * cfg.control.tick_s)
         self.links: LinkHealth | None = None
         self._baselines_saved = 0
         self.desired_powered: list[bool | None] = [None] * self.n_trays
@@ -233,6 +234,7 @@ class RackyCore:
         if self._last_t is not None and now < self._last_t:
             raise ValueError(f"monotonic time went backwards: {now} < {self._last_t}")
         dt = 0.0 if self._last_t is None else now - self._last_t
+        ticks = 1.0 if self._last_t is None else dt / self.cfg.control.tick_s
         self._last_t = now
         cfg = self.cfg
         stale = cfg.node_agents.stale_after_s
@@ -248,14 +250,16 @@ class RackyCore:
                 self.desired_powered[k] = r.powered  # adopt what we find on first sight
         tray_w = float(tt.power_w[fresh].sum())
         all_fresh = bool(fresh.all())
+        # the learned figures' smoothing is per nominal tick: a tick run early (dt shorter)
+        # moves them as much less (`_smoothing`); the first step counts as one tick
         if view.load_w is not None and all_fresh:
             meas = max(view.load_w - tray_w, 0.0)
-            self.non_tray_w += 0.2 * (meas - self.non_tray_w)
+            self.non_tray_w += _smoothing(0.2, ticks) * (meas - self.non_tray_w)
         on = fresh & tt.powered
         gsum = float(np.nansum(tt.gpu_power_w.reshape(self.n_trays, self.gpt)[on]))
         if gsum > 1000.0:
             share = max(float(tt.power_w[on].sum()) / gsum - 1.0, 0.0)
-            self.other_share += 0.1 * (share - self.other_share)
+            self.other_share += _smoothing(0.1, ticks) * (share - self.other_share)
         it_w = view.rack_load_w if view.rack_load_w is not None else (
             tray_w + self.non_tray_w if all_fresh else None)
         rack_w = view.load_w  # what the rack draws (the BBU's share included)
@@ -299,11 +303,12 @@ class RackyCore:
         # 4. caps, sequencing, commands
         powered = np.array([x is True for x in self.desired_powered])
         rep_on = tt.powered
-        demand = self.alloc.demand(tt)
+        demand = self.alloc.demand(tt, now)
         self.tray_demand_w = demand
         v = TrayPowerView(powered & rep_on, tt.power_w, demand, tt.enforced_tray_cap_w, fresh,
                           self._ranks)
-        caps = self.alloc.allocate(limit.limit_w, self.non_tray_w, v, rack_w, dt)
+        caps = self.alloc.allocate(limit.limit_w, self.non_tray_w, v, rack_w, dt,
+                                   hard_limit_w=self.fleet_budget_w)
         back_on = sorted(k for k, at in self.cycle_on_at.items() if now >= at)
         if back_on:  # a power cycle's "on" half: through the sequencer (inrush limit)
             for k in back_on:
@@ -770,3 +775,9 @@ def _r(x: float | None, nd: int = 1) -> float | None:
 
 def _kw(x: float | None) -> str:
     return "unknown" if x is None else f"{x / 1000:.1f} kW"
+
+
+def _smoothing(a: float, ticks: float) -> float:
+    """The weight of a new value in an average smoothed by ``a`` per nominal tick, after
+    ``ticks`` nominal ticks (a tick run early: less than one): ``1 - (1 - a)**ticks``."""
+    return a if ticks == 1.0 else 1.0 - (1.0 - a) ** ticks

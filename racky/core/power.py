@@ -18,7 +18,11 @@ up to its maximum (headroom redistribution, so an idle tray can burst without wa
 Cap rises are ramp-limited and never exceed the limit even transiently: a rise is granted only
 from room left by caps the agents already *report* lower (so whatever order the agents apply
 a batch, Σ caps stays within the limit). Falls are immediate when the rack is over its limit,
-else ramp-limited too.
+or when the caps themselves must fit a hard limit (``hard_limit_w``: in fleet mode rlc's
+lease bounds what the trays may draw, not only what they draw), else ramp-limited too. The
+loop runs on the real time between ticks (dt; a tick run early by an input,
+`rackplane.daemon.DaemonFrame.wake_tick`, is as good as any): the ramps scale with dt and the
+demand's peak hold is a time window.
 
 **Sequencing, desired settings, reconciliation** (`racky.core.agent_settings`, re-exported
 here): `Sequencer`: tray power on/off (not the safety power-downs, which are
@@ -335,8 +339,8 @@ class CapAllocator:
     """Rack limit -> per-tray caps (module docstring).
 
     Args:
-        cfg: power settings; agents: geometry and per-GPU limits; tick_s: the tick (the
-            demand's peak-hold ring holds ``demand_hold_s`` of ticks).
+        cfg: power settings; agents: geometry and per-GPU limits; tick_s: the nominal tick,
+            s (the demand's peak hold spans ``demand_hold_s`` rounded up to whole ticks).
     """
 
     def __init__(self, cfg: PowerSettings, agents: NodeAgentsSettings, tick_s: float = 1.0
@@ -347,9 +351,9 @@ class CapAllocator:
         self.n = n
         self.other_share = agents.other_share
         self.caps: np.ndarray = np.full(n, np.nan)  # desired tray caps (NaN: none)
-        hold = max(1, math.ceil(cfg.demand_hold_s / tick_s) + 1)
-        self._demand_ring = np.zeros((n, hold))
-        self._ring_i = 0
+        # a quarter tick of slack: a tick's lateness never drops the oldest entry early
+        self._hold_s = math.ceil(cfg.demand_hold_s / tick_s - 1e-9) * tick_s + 0.25 * tick_s
+        self._demand_hist: deque[tuple[float, np.ndarray]] = deque()
         self.infeasible = False
 
     @property
@@ -366,12 +370,13 @@ class CapAllocator:
         return math.ceil(a.gpus_per_tray * a.gpu_min_power_limit_w * (1.0 + self.other_share)
                          + 1.0)
 
-    def demand(self, t: TrayTable) -> np.ndarray:
+    def demand(self, t: TrayTable, now: float) -> np.ndarray:
         """Per-tray demand estimate (W): the GPUs' demand scaled to the tray (their measured
         share) where known, else the power (+10 % when the agent says it is capping); peak
         over ``demand_hold_s``. No agent measures demand: the GPUs' figure is racky's
         inference from what they report (`racky.core.telemetry.infer_gpu_demand_w`: the
-        power, or more than the cap for a GPU held at it by the power-cap reason)."""
+        power, or more than the cap for a GPU held at it by the power-cap reason). ``now``:
+        monotonic s (the hold is a time window: ticks run early keep it as long)."""
         g = self.agents.gpus_per_tray
         gp = np.nansum(t.gpu_power_w.reshape(self.n, g), axis=1)
         dem = t.gpu_demand_w.reshape(self.n, g)
@@ -380,14 +385,20 @@ class CapAllocator:
             scaled = dem.sum(axis=1) * np.maximum(t.power_w / gp, 1.0)
         d = np.where(dem_ok, scaled, t.power_w * np.where(t.capping, 1.1, 1.0))
         d = np.where(t.fresh & t.powered, d, 0.0)
-        self._demand_ring[:, self._ring_i] = d
-        self._ring_i = (self._ring_i + 1) % self._demand_ring.shape[1]
-        out: np.ndarray = self._demand_ring.max(axis=1)
+        hist = self._demand_hist
+        hist.append((now, d))
+        while now - hist[0][0] > self._hold_s:
+            hist.popleft()
+        out: np.ndarray = np.max([x for _, x in hist], axis=0)
         return out
 
     def allocate(self, limit_w: float | None, non_tray_w: float, v: TrayPowerView,
-                 rack_power_w: float | None, dt: float) -> np.ndarray:
-        """New desired caps (W per tray, NaN: none) for the rack limit ``limit_w``."""
+                 rack_power_w: float | None, dt: float, hard_limit_w: float | None = None
+                 ) -> np.ndarray:
+        """New desired caps (W per tray, NaN: none) for the rack limit ``limit_w`` (W), ``dt``
+        s after the last call. ``hard_limit_w`` (W, fleet mode: rlc's lease in DC): while the
+        powered trays' previous caps (uncapped: their maximum) + ``non_tray_w`` exceed it,
+        every fall goes out at once, unramped (as when the rack is over its limit)."""
         cfg = self.cfg
         n = self.n
         mx, mn = self.tray_max_w, self.tray_min_w
@@ -424,15 +435,18 @@ class CapAllocator:
                 if room.sum() > 0:
                     a += room * min(1.0, rest / room.sum())
         target = np.where(on, a, float(mn))  # an unpowered tray waits at its minimum
-        self.caps = self._ramp(target, v, limit_w, rack_power_w, budget, dt)
+        prev_w = float(np.where(np.isnan(self.caps), mx, self.caps)[on].sum()) + non_tray_w
+        fit_now = hard_limit_w is not None and prev_w > hard_limit_w
+        self.caps = self._ramp(target, v, limit_w, rack_power_w, budget, dt, fit_now)
         return self.caps.copy()
 
     def _ramp(self, target: np.ndarray, v: TrayPowerView, limit_w: float,
-              rack_power_w: float | None, budget: float, dt: float) -> np.ndarray:
+              rack_power_w: float | None, budget: float, dt: float, fit_now: bool = False
+              ) -> np.ndarray:
         cfg = self.cfg
         mx = self.tray_max_w
         prev = np.where(np.isnan(self.caps), mx, self.caps)
-        over = rack_power_w is not None and rack_power_w > limit_w
+        over = fit_now or (rack_power_w is not None and rack_power_w > limit_w)
         down = target < prev
         if over:
             new = np.where(down, target, prev)

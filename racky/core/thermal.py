@@ -113,10 +113,15 @@ class ThermalWatch:
     Args:
         cfg: thermal settings; cooling: what counts as abnormal cooling.
         n_trays, gpus_per_tray: geometry; tgp_w, min_cap_w: per-GPU power range.
+        slope_gap_s: the slope fit takes a sample only this long after its last one, s (a
+            tick run early, `rackplane.daemon.DaemonFrame.wake_tick`, evaluates the slope
+            without adding one: samples a fraction of a tick apart would amplify the noise
+            the prediction extrapolates).
     """
 
     def __init__(self, cfg: ThermalSettings, cooling: CoolingSettings, n_trays: int,
-                 gpus_per_tray: int, tgp_w: float, min_cap_w: float) -> None:
+                 gpus_per_tray: int, tgp_w: float, min_cap_w: float,
+                 slope_gap_s: float = 0.0) -> None:
         self.cfg = cfg
         self.ccfg = cooling
         self.n_trays = n_trays
@@ -132,6 +137,8 @@ class ThermalWatch:
                                      on_delay_s=cfg.rise_for_s)
         self._pred = VectorThreshold(n, 0.5, 0.0, off_delay_s=10.0)
         self._slope = RateOfRise(n, points=3, max_span_s=10.0)
+        self._slope_gap_s = slope_gap_s
+        self._slope_t = -np.inf
         self._prev_power = np.full(n, np.nan)
         self._steady_since = np.full(n, np.nan)
         self._outlet = VectorThreshold(n_trays, cfg.tray_outlet_limit_c, cfg.hysteresis_c,
@@ -180,7 +187,11 @@ class ThermalWatch:
         warn = self._warn.update(now, margin)
         slow_m = self._slow.update(now, margin)
         slowdown = (slow_m | (x.gpu_throttled & fresh))
-        slope = self._slope.update(now, tj)
+        if now - self._slope_t >= self._slope_gap_s:
+            self._slope_t = now
+            slope = self._slope.update(now, tj)
+        else:
+            slope = self._slope.slope(now)
         # power steady: within flat_power_pct of the level it last settled at, for how long
         moved = fresh & ~(np.abs(p - self._prev_power) <= cfg.flat_power_pct / 100.0
                           * np.maximum(self._prev_power, 1.0))

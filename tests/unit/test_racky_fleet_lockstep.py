@@ -15,14 +15,19 @@ Figures are printed (``-s``).
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+
+import numpy as np
+import pytest
 
 from harness.lockstep_racky import WALL0_NS, run_racky
 from rackplane.core.budget_leases import BudgetLease
 from racky.config import RackyConfig
 from racky.core.budget import BudgetFollower, FleetSide, InputRatio
 from racky.core.controller import RackyCore
-from racky.fleet import rack_figures
+from racky.fleet import FleetLink, rack_figures
 from sims.scenario import ScenarioRun, load_scenario
 
 FLOOR_W = 40_000.0
@@ -83,3 +88,54 @@ def test_lease_decrease_enforced_and_acked_then_floor_on_expiry() -> None:
     assert max(a for _, _, a in floor) <= FLOOR_W
     print(f"[racky fleet lockstep] learned input/output ratio {side.ratio.value(70.0):.4f} "
           f"(fallback {cfg.fleet.input_ratio_fallback})")
+
+
+def _lease_record(value_w: float, now: float, seq: int) -> bytes:
+    wall = WALL0_NS / 1e9 + now
+    lease = BudgetLease("rack1", value_w, wall, wall + TTL_S, 1, seq)
+    return json.dumps({"lease": lease.as_record()}).encode()
+
+
+def test_a_decrease_wakes_the_tick_and_is_acked_at_the_read_back() -> None:
+    """racky's fleet link as the daemon wires it (`racky.app.Racky`), its ``wake_tick`` as the
+    daemon frame's: a decrease arriving between ticks runs the tick at once (caps within the
+    lease sent in the same plant step), and the acknowledgement comes with the first agents'
+    telemetry reading the lowered caps back (every 0.5 s, between ticks), not at a later
+    tick. Old racky: applied at its next tick, acked a tick later still."""
+    cfg = RackyConfig.model_validate({"fleet": {"enabled": True, "floor_w": FLOOR_W,
+                                                "agent_safe_gpu_cap_w": 200.0}})
+    link = FleetLink(cfg.fleet, "lab", "rack1")
+    issued_at = 30.3  # a plant step between ticks
+    agents_s, plant_dt = 0.5, 0.1
+    seq = [0]
+
+    def between(now: float, run: ScenarioRun, core: RackyCore) -> None:
+        if now < issued_at - 1e-6 and (seq[0] == 0 or abs(now % 3.0) < 1e-6):  # renewals
+            seq[0] += 1
+            link.take(_lease_record(HIGH_W, now, seq[0]))
+        if abs(now - issued_at) < 1e-6:
+            seq[0] += 1
+            link.take(_lease_record(LOW_W, now, seq[0]))
+
+    r = run_racky(load_scenario("load-step-short"), cfg, duration_s=36.0, plant_dt_s=plant_dt,
+                  between=between, fleet=link, agents_every_s=agents_s)
+    dec_key = (1, seq[0])
+    woke = [t for p, t in itertools.pairwise(r.ticks)
+            if t - p < cfg.control.tick_s - 1e-6 and t > issued_at - 1e-6]
+    cmds = [(t, c) for t, _, c, _ in r.commands if abs(t - issued_at) < 1e-6]
+    ack_t = next(t for t, k in r.fleet_acks if k == dec_key)
+    readback_t = next(t for t in np.arange(agents_s, 40.0, agents_s) if t > issued_at + 1e-6)
+    print(f"\n[racky fleet wake] lease {HIGH_W:.0f} -> {LOW_W:.0f} W at {issued_at} s: ticks "
+          f"run early at {woke}; {len(cmds)} cap commands at the lease's plant step; acked "
+          f"at {ack_t:.1f} s ({ack_t - issued_at:.2f} s after the lease; agents' telemetry "
+          f"every {agents_s} s, first after it at {readback_t:.1f} s)")
+    assert woke and woke[0] == pytest.approx(issued_at)  # the tick ran at once, not at 31 s
+    assert cmds, "no caps sent at the lease's plant step"
+    # acknowledged with the first read-back after the caps, not before it, not a tick later
+    assert ack_t == pytest.approx(readback_t)
+    assert ack_t - issued_at < cfg.control.tick_s
+    # then the schedule goes on a tick after the last early one; a few early ticks only
+    later = [t for t in r.ticks if t > ack_t + 1e-6]
+    assert later[0] == pytest.approx(ack_t + cfg.control.tick_s)
+    assert len(woke) <= 3, woke
+    assert not [t for t, k in r.fleet_acks if k > dec_key]

@@ -106,6 +106,46 @@ def test_cap_rise_is_ramp_limited_and_a_fall_is_immediate_when_over_the_limit() 
     assert down.sum() <= 10_000.0 * 0.99 + 1.0
 
 
+def test_a_fall_below_a_hard_limit_is_immediate_even_under_the_limit_and_short_dt() -> None:
+    """Fleet mode (``hard_limit_w``: rlc's lease bounds what the trays may draw): while the
+    caps exceed it, a fall goes out at once, whatever dt (a tick run early) and though the
+    rack draws less than the limit; without it the fall is ramp-limited by dt."""
+    cfg = PowerSettings(cap_ramp_down_w_per_s=2000.0)
+    mx = CapAllocator(cfg, AG).tray_max_w
+    caps_at: dict[str, np.ndarray] = {}
+    for hard in (False, True):
+        alloc = CapAllocator(cfg, AG)
+        v = view([mx] * 4)
+        v.power_w[:] = 2000.0  # the rack draws 8 kW: under every limit below
+        high = settle(alloc, 24_000.0, v)
+        v.enforced_w[:] = high
+        caps_at[str(hard)] = alloc.allocate(14_000.0, 0.0, v, 8_000.0, 0.05,
+                                            hard_limit_w=14_000.0 if hard else None)
+    ramped, at_once = caps_at["False"], caps_at["True"]
+    assert at_once.sum() <= 14_000.0 * 0.99 + 1.0
+    np.testing.assert_allclose(ramped, high - 2000.0 * 0.05, atol=1.0)  # 100 W in 0.05 s
+
+
+def test_the_demand_peak_hold_is_a_time_window_whatever_the_ticks() -> None:
+    """A tick run early adds an entry; the peak is still held ``demand_hold_s``, no shorter
+    (and no longer: gone once older)."""
+    from racky.core.telemetry import TrayTable
+
+    alloc = CapAllocator(PowerSettings(demand_hold_s=3.0), AG)
+
+    def table(w: float, now: float) -> TrayTable:
+        r = _reading(None, now)
+        base = {f: getattr(r, f) for f in r.__slots__}
+        return TrayTable.build({k: TrayReading(**{**base, "tray": k, "power_w": w,
+                                                  "gpu_index": np.arange(4 * k, 4 * k + 4)})
+                                for k in range(4)}, 4, 4, now, 5.0)
+
+    assert alloc.demand(table(5000.0, 10.0), 10.0)[0] == pytest.approx(5000.0)
+    for now in (10.5, 10.55, 10.6, 11.0, 12.0, 13.0):  # early ticks at 10.5-10.6
+        assert alloc.demand(table(1000.0, now), now)[0] == pytest.approx(5000.0), now
+    assert alloc.demand(table(1000.0, 14.0), 14.0)[0] == pytest.approx(1000.0)
+
+
 def test_budget_below_the_trays_minimum_is_infeasible() -> None:
     alloc = CapAllocator(PowerSettings(), AG)
     alloc.allocate(2 * alloc.tray_min_w, 0.0, view([5000.0] * 4), None, 1.0)
@@ -336,7 +376,7 @@ def test_a_power_capped_tray_is_estimated_above_its_power_so_its_cap_can_rise() 
                                      "gpu_index": np.arange(4 * k, 4 * k + 4),
                                      "gpu_power_capped": capped})
     t = TrayTable.build(readings, 4, 4, 1.0, 5.0)
-    d = alloc.demand(t)
+    d = alloc.demand(t, 1.0)
     assert d[0] > 4000.0 * 1.09 and d[1] == pytest.approx(4000.0)
 
 
@@ -444,3 +484,32 @@ def test_a_rare_cap_drift_does_not_alarm_and_the_count_is_configurable() -> None
     steps = _run_other_writer(Reconciler(cfg2, 1, LIM), period_s=400.0, until_s=1300.0,
                               stop_s=1300.0)
     assert any(0 in d for _t, d in steps)
+
+
+def test_a_tick_run_early_adds_no_sample_to_the_thermal_slope_fit() -> None:
+    """The die's rate of rise is fitted over samples a nominal tick apart: a tick run early
+    (a fleet decrease) evaluates it without a sample 0.05 s after the last, whose reading's
+    jitter would be extrapolated over the plate's time constant; the next regular tick
+    samples again."""
+    from racky.config import RackyConfig
+    from racky.core.thermal import ThermalInputs, ThermalWatch
+
+    cfg = RackyConfig()
+    a = AG
+
+    def slopes(gap_s: float) -> list[float]:
+        tw = ThermalWatch(cfg.thermal, cfg.cooling, a.trays, a.gpus_per_tray, a.gpu_tgp_w,
+                          a.gpu_min_power_limit_w, slope_gap_s=gap_s)
+        n = a.trays * a.gpus_per_tray
+        out = []
+        for now, tj in ((0.0, 60.0), (1.0, 60.1), (2.0, 60.2), (2.05, 61.0), (3.05, 60.3)):
+            x = ThermalInputs(np.full(n, tj), np.full(n, 30.0), np.full(n, 800.0),
+                              np.zeros(n, dtype=bool), np.ones(n, dtype=bool),
+                              np.full(a.trays, 45.0), np.ones(a.trays, dtype=bool), {}, None)
+            out.append(tw.step(now, x).max_slope_k_per_s)
+        return out
+
+    gapped, every = slopes(0.5), slopes(0.0)
+    assert gapped[3] == pytest.approx(0.1)  # the early tick: the fit of 0, 1, 2 s
+    assert every[3] > 4 * 0.1  # sampled: 0.8 K of jitter 0.05 s later: 5x the true slope
+    assert gapped[4] == pytest.approx(np.polyfit([1.0, 2.0, 3.05], [60.1, 60.2, 60.3], 1)[0])
