@@ -139,9 +139,11 @@ async def pair(tmp: Path, mosquitto: Mosquitto, nats: NatsCluster,
                leadership: dict[str, Any] | None = None,
                servers: dict[str, list[str]] | None = None,
                cdu_heartbeat_timeout_s: float | None = None,
-               step_at_s: float | None = None,
+               step_at_s: float | None = None, instances: str = "ab",
                **control: Any) -> AsyncIterator[Pair]:
-    """Two valvey processes (a, b) on one simulated CDU. ``leadership`` overrides `LEASE`;
+    """Two valvey processes (``instances``: a, b; "" for none: the CDU alone, in its own
+    local control once its heartbeat watchdog ran out) on one simulated CDU.
+    ``leadership`` overrides `LEASE`;
     ``servers`` gives an instance its own NATS nodes (default: every node of ``nats``);
     ``cdu_heartbeat_timeout_s`` the simulated CDU's watchdog (default the plant's 10 s);
     ``step_at_s`` the S1 load step's time (simulated s; default the scenario's 10 s)."""
@@ -178,7 +180,7 @@ async def pair(tmp: Path, mosquitto: Mosquitto, nats: NatsCluster,
         await until(lambda: sim.face.running and sim.face.port, 10.0, "the CDU face")
         async with watcher:
             bucket = f"pair{uuid.uuid4().hex[:8]}"
-            for inst in "ab":
+            for inst in instances:
                 own = {**(leadership or {}),
                        **({"servers": servers[inst]} if servers and inst in servers else {})}
                 cfg = _config(tmp, inst, rack, sim.face.port, mosquitto.port, nats, bucket,
@@ -257,7 +259,8 @@ SUPPLY_WINDOW_S: Final = 10.0
 it."""
 SETTLED_K: Final = 0.25
 """Steady load before a kill: after the load step, the supply within this of its setpoint (K)
-and the valve demand unchanged for `SUPPLY_WINDOW_S`; waited for at most `SETTLE_MAX_S` (then the kill goes ahead, marked).
+and the valve demand unchanged for `SUPPLY_WINDOW_S`; waited for at most `SETTLE_MAX_S`
+(then the kill goes ahead, marked).
 (Counted from the step: before it the warm-started plant sits exactly at its setpoint, and a
 kill there came with the step, 0.5-0.8 K of step response measured as the failover's.)"""
 SETTLE_MAX_S: Final = 90.0
