@@ -68,16 +68,17 @@ def _takeovers(fos: list[Failover]) -> list[float]:
 
 def lease_cost(cluster: NatsCluster, tmp: Path, seconds: float = LEASE_COST_S
                ) -> dict[str, dict[str, Any]]:
-    """Each role of ``harness.benchkids.lease_cost`` (holder, standby, connection only) as a
-    process of its own on ``cluster``, one fresh bucket, at once: role -> its JSON
-    (``cpu_core``: process CPU s per wall s over ``seconds``; logs under ``tmp``).
+    """``harness.benchkids.lease_cost``'s two contenders of one key and the connection alone,
+    each a process of its own on ``cluster``, one fresh bucket, at once: ``holder`` (the one
+    holding at the end), ``standby``, ``connection`` -> its JSON (``cpu_core``: process CPU
+    s per wall s over ``seconds``; logs under ``tmp``).
 
     Raises:
-        RuntimeError: a process failed (its log's tail).
+        RuntimeError: a process failed (its log's tail), or not exactly one held the lease.
     """
     bucket, key = f"leasecost{uuid.uuid4().hex[:8]}", "bench.r00.valvey"
     kids = {}
-    for role in ("holder", "standby", "connection"):
+    for role in ("a", "b", "connection"):
         out = tmp / f"lease-{role}.json"
         kids[role] = (out, spawn([sys.executable, *bench_script("lease_cost.py"), role,
                                   ",".join(cluster.urls), bucket, key, str(seconds), str(out)],
@@ -88,7 +89,11 @@ def lease_cost(cluster: NatsCluster, tmp: Path, seconds: float = LEASE_COST_S
         if not out.exists():
             raise RuntimeError(f"lease {role} process failed: {child.tail()}")
         res[role] = json.loads(out.read_text())
-    return res
+    holders = [r for r in "ab" if res[r]["holding"]]
+    if len(holders) != 1:
+        raise RuntimeError(f"lease cost: {len(holders)} contenders held the lease: {res}")
+    return {"holder": res[holders[0]], "standby": res["b" if holders[0] == "a" else "a"],
+            "connection": res["connection"]}
 
 
 def chaos_figures(res: ChaosResult, n_each: int, s1: list[tuple[S1Run, S1Run]],
@@ -155,7 +160,7 @@ def _lease_values(lease: dict[str, dict[str, Any]]) -> dict[str, tuple[float | N
     base = lease.get("connection", {}).get("cpu_core")
     how = (f"process CPU s per wall s over {LEASE_COST_S:.0f} s, the default [leadership] "
            f"timing, a 3-node NATS cluster; the connection alone: "
-           f"{'?' if base is None else f'{base:.4f}'} core")
+           f"{'?' if base is None else f'{base:.5f}'} core")
     out: dict[str, tuple[float | None, str]] = {}
     for role in ("holder", "standby"):
         d = lease.get(role, {})

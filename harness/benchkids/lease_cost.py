@@ -1,15 +1,14 @@
 """The lease's CPU cost (issue 15: lease renewals at most 0.02 core per daemon): one process
 that connects to the NATS cluster and runs one contender of a lease key
-(`rackplane.io.nats.lease.LeaseRunner`, the default ``[leadership]`` timing: renew every 2 s),
-or, with role ``connection``, only the connection and its bucket (the baseline: what the
-process costs without the runner).
+(`rackplane.io.nats.lease.LeaseRunner`, instance ``a`` or ``b``, the default ``[leadership]``
+timing: renew every 2 s), or, as ``connection``, only the connection and its bucket (the
+baseline: what the process costs without the runner).
 
-Usage: ``python -m harness.benchkids.lease_cost holder|standby|connection SERVERS BUCKET KEY
-SECONDS OUT_JSON`` (SERVERS: comma-separated ``nats://host:port``). ``holder`` waits until it
-holds the lease, ``standby`` until it sees another holder (start the holder first), then the
-process CPU is measured over SECONDS of wall time. Writes ``{role, cpu_s, wall_s,
-cpu_core, holding, epoch, failures}`` (``cpu_core``: CPU s per wall s). Exits 1 when the
-role's state was not reached within 30 s.
+Usage: ``python -m harness.benchkids.lease_cost a|b|connection SERVERS BUCKET KEY SECONDS
+OUT_JSON`` (SERVERS: comma-separated ``nats://host:port``). A contender waits until it holds
+the lease or sees the other holding it, then the process CPU is measured over SECONDS of wall
+time. Writes ``{role, cpu_s, wall_s, cpu_core, holding, epoch, failures}`` (``cpu_core``: CPU
+s per wall s; ``holding`` at the end). Exits 1 when no holder was seen within 30 s.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ async def measure(role: str, servers: list[str], bucket: str, key: str,
     """The role's process CPU over ``seconds`` once it is steady (module docstring).
 
     Raises:
-        RuntimeError: the holder did not hold, or the standby saw no holder, within
+        RuntimeError: neither this contender nor another held the lease within
             `READY_WITHIN_S`.
     """
     ls = LeadershipSettings()
@@ -44,7 +43,7 @@ async def measure(role: str, servers: list[str], bucket: str, key: str,
         t_end = time.monotonic() + READY_WITHIN_S
         while runner is not None:
             st = runner.status()
-            if (st.holding if role == "holder" else st.holder_seen is not None):
+            if st.holding or st.holder_seen is not None:
                 break
             if time.monotonic() > t_end:
                 raise RuntimeError(f"{role}: not steady within {READY_WITHIN_S} s: {st}")
@@ -66,8 +65,8 @@ async def measure(role: str, servers: list[str], bucket: str, key: str,
 
 def main(argv: list[str]) -> int:
     role, servers, bucket, key, seconds, out = argv
-    if role not in ("holder", "standby", "connection"):
-        raise SystemExit(f"role {role!r}: holder, standby or connection")
+    if role not in ("a", "b", "connection"):
+        raise SystemExit(f"role {role!r}: a, b or connection")
     try:
         res = asyncio.run(measure(role, servers.split(","), bucket, key, float(seconds)))
     except RuntimeError as err:
