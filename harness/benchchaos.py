@@ -3,27 +3,38 @@
 private 3-node NATS cluster started here, the suite's Mosquitto and the simulated CDU; its
 figures from the epoch gate's records, the daemons' log events and the CDU's supply
 temperature; then ``n // 10`` (at least one) kills 2 s into an S1 load step, each beside a
-run of the same seed without one (`harness.chaos_s1`, about 2 min each). The chaos run stops
+run of the same seed without one and a run of the CDU's local control alone, no valvey
+(`harness.chaos_s1`, about 2 min each). The chaos run stops
 starting failovers after `BUDGET_S_PER_FAILOVER` s per planned failover (the figure
-``bench.chaos.skipped_failovers`` says how many it skipped)."""
+``bench.chaos.skipped_failovers`` says how many it skipped). Last, the lease's CPU cost
+(`lease_cost`): a holder and a standby of one lease key on the same 3-node cluster, each a
+process of its own (``harness.benchkids.lease_cost``), measured over `LEASE_COST_S`."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Final
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Final
 
-from harness.benchrun import Context, pct
+from harness.benchrun import Context, bench_script, pct, spawn
 from harness.chaos import KINDS, LEASE, ChaosResult, Failover, run_chaos
 from harness.chaos_s1 import AFTER_S, S1Run, s1_run
 from harness.figures import Comparison, Figure
+from harness.servers import NatsCluster
 
-__all__ = ["CHAOS_NAMES", "chaos_figures", "section_chaos"]
+__all__ = ["CHAOS_NAMES", "chaos_figures", "lease_cost", "section_chaos"]
 
 BUDGET_S_PER_FAILOVER: Final = 30.0
 """Time budget per planned failover (s): a kill takes about lease + restart (~10 s here), a
 NATS node kill an election plus a rejoin (~20 s)."""
 
 SUPPLY_TARGET_K: Final = 0.5
+LEASE_CPU_TARGET_CORE: Final = 0.02
+LEASE_COST_S: Final = 30.0
+"""How long each lease process's CPU is measured (s): 15 renewals at the default 2 s."""
 KILL_TARGET_S: Final = LEASE["lease_s"] + 2.0
 
 CHAOS_NAMES: list[tuple[str, str, float | None, Comparison]] = [
@@ -43,6 +54,9 @@ CHAOS_NAMES: list[tuple[str, str, float | None, Comparison]] = [
     ("bench.chaos.s1_supply_error_with_kill_k", "K", None, "info"),
     ("bench.chaos.s1_supply_error_without_kill_k", "K", None, "info"),
     ("bench.chaos.s1_extra_supply_error_k", "K", None, "info"),
+    ("bench.chaos.s1_supply_error_local_control_k", "K", None, "info"),
+    ("bench.chaos.lease_holder_cpu_core", "core", LEASE_CPU_TARGET_CORE, "<="),
+    ("bench.chaos.lease_standby_cpu_core", "core", LEASE_CPU_TARGET_CORE, "<="),
 ]
 S1_KILL_AFTER_S: Final = 2.0
 """The S1 comparison's kill: this long after the load step (s), in its transient."""
@@ -52,10 +66,42 @@ def _takeovers(fos: list[Failover]) -> list[float]:
     return [f.takeover_s for f in fos if f.takeover_s is not None]
 
 
-def chaos_figures(res: ChaosResult, n_each: int, s1: list[tuple[S1Run, S1Run]]
-                  ) -> list[Figure]:
-    """The section's figures (`CHAOS_NAMES`) from one chaos run of ``n_each`` per kind and
-    the S1 comparisons (with a kill, without)."""
+def lease_cost(cluster: NatsCluster, tmp: Path, seconds: float = LEASE_COST_S
+               ) -> dict[str, dict[str, Any]]:
+    """``harness.benchkids.lease_cost``'s two contenders of one key and the connection alone,
+    each a process of its own on ``cluster``, one fresh bucket, at once: ``holder`` (the one
+    holding at the end), ``standby``, ``connection`` -> its JSON (``cpu_core``: process CPU
+    s per wall s over ``seconds``; logs under ``tmp``).
+
+    Raises:
+        RuntimeError: a process failed (its log's tail), or not exactly one held the lease.
+    """
+    bucket, key = f"leasecost{uuid.uuid4().hex[:8]}", "bench.r00.valvey"
+    kids = {}
+    for role in ("a", "b", "connection"):
+        out = tmp / f"lease-{role}.json"
+        kids[role] = (out, spawn([sys.executable, *bench_script("lease_cost.py"), role,
+                                  ",".join(cluster.urls), bucket, key, str(seconds), str(out)],
+                                 tmp / f"lease-{role}.log"))
+    res: dict[str, dict[str, Any]] = {}
+    for role, (out, child) in kids.items():
+        child.proc.wait(seconds + 90)
+        if not out.exists():
+            raise RuntimeError(f"lease {role} process failed: {child.tail()}")
+        res[role] = json.loads(out.read_text())
+    holders = [r for r in "ab" if res[r]["holding"]]
+    if len(holders) != 1:
+        raise RuntimeError(f"lease cost: {len(holders)} contenders held the lease: {res}")
+    return {"holder": res[holders[0]], "standby": res["b" if holders[0] == "a" else "a"],
+            "connection": res["connection"]}
+
+
+def chaos_figures(res: ChaosResult, n_each: int, s1: list[tuple[S1Run, S1Run]],
+                  lease: dict[str, dict[str, Any]] | None = None,
+                  local: list[S1Run] | None = None) -> list[Figure]:
+    """The section's figures (`CHAOS_NAMES`) from one chaos run of ``n_each`` per kind, the
+    S1 comparisons (with a kill, without; ``local``: the CDU's local control alone, the same
+    seed) and the lease's cost (`lease_cost`)."""
     s1_how = (f"max abs(supply - setpoint) in {AFTER_S:.0f} s after the S1 step, the active "
               f"killed {S1_KILL_AFTER_S} s after it / the same seed without a kill; "
               f"n={len(s1)} pairs of runs")
@@ -99,9 +145,30 @@ def chaos_figures(res: ChaosResult, n_each: int, s1: list[tuple[S1Run, S1Run]]
         "bench.chaos.s1_extra_supply_error_k": (
             max((a - b for a, b in zip(with_k, without_k, strict=True)), default=None),
             s1_how + "; the largest difference of a pair"),
+        "bench.chaos.s1_supply_error_local_control_k": (
+            max((r.supply_error_k for r in local or []), default=None),
+            f"max abs(supply - setpoint) in {AFTER_S:.0f} s after the S1 step, the same seed, "
+            f"no valvey: the CDU's own local control (its heartbeat fallback); "
+            f"n={len(local or [])}"),
+        **_lease_values(lease or {}),
     }
     return [Figure(name, values[name][0], unit, target, cmp, detail=values[name][1])
             for name, unit, target, cmp in CHAOS_NAMES]
+
+
+def _lease_values(lease: dict[str, dict[str, Any]]) -> dict[str, tuple[float | None, str]]:
+    base = lease.get("connection", {}).get("cpu_core")
+    how = (f"process CPU s per wall s over {LEASE_COST_S:.0f} s, the default [leadership] "
+           f"timing, a 3-node NATS cluster; the connection alone: "
+           f"{'?' if base is None else f'{base:.5f}'} core")
+    out: dict[str, tuple[float | None, str]] = {}
+    for role in ("holder", "standby"):
+        d = lease.get(role, {})
+        v = d.get("cpu_core")
+        out[f"bench.chaos.lease_{role}_cpu_core"] = (
+            None if v is None else float(v),
+            f"{how}; {role} (epoch {d.get('epoch')}, unknown outcomes {d.get('failures')})")
+    return out
 
 
 def section_chaos(ctx: Context) -> list[Figure]:
@@ -134,6 +201,7 @@ def _section_chaos(ctx: Context) -> list[Figure]:
     nats_dir.mkdir(parents=True, exist_ok=True)
     cluster = start_nats_cluster(nats_dir, cluster_name="rackplane-chaos")
     s1: list[tuple[S1Run, S1Run]] = []
+    local: list[S1Run] = []
     try:
         res = asyncio.run(run_chaos(
             ctx.tmp / "chaos", ctx.srv.mosquitto, cluster, n_each,
@@ -146,6 +214,13 @@ def _section_chaos(ctx: Context) -> list[Figure]:
                 d.mkdir(parents=True, exist_ok=True)
                 runs.append(asyncio.run(s1_run(d, ctx.srv.mosquitto, cluster, kill)))
             s1.append((runs[0], runs[1]))
+            d = ctx.tmp / f"chaos-s1-{i}-local"
+            d.mkdir(parents=True, exist_ok=True)
+            local.append(asyncio.run(s1_run(d, ctx.srv.mosquitto, cluster, None,
+                                            local_only=True)))
+        lease_dir = ctx.tmp / "chaos-lease"
+        lease_dir.mkdir(parents=True, exist_ok=True)
+        lease = lease_cost(cluster, lease_dir)
     finally:
         cluster.stop()
-    return chaos_figures(res, n_each, s1)
+    return chaos_figures(res, n_each, s1, lease, local)

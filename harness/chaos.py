@@ -11,10 +11,11 @@ admits or refuses with the epoch the writer's connection claimed. The integratio
 from the gate's records, the daemons' JSON log events and the simulated CDU's supply
 temperature (`ChaosResult`):
 
-- ``kill``: at steady load (the supply settled: `SETTLED_K`), SIGKILL of the active; the
-  standby must write with a newer epoch (takeover time: the kill to the first accepted write
-  of the newer epoch; supply error: `SUPPLY_WINDOW_S`); the killed one is restarted and
-  waited for as standby before the next failover;
+- ``kill``: at steady load (after the scenario's load step, 30 → 100 % at 10 s simulated,
+  once the supply settled: `SETTLED_K`), SIGKILL of the active; the standby must write with
+  a newer epoch (takeover time: the kill to the first accepted write of the newer epoch;
+  supply error: `SUPPLY_WINDOW_S`; the valve demand's first move after the takeover); the
+  killed one is restarted and waited for as standby before the next failover;
 - ``pause_long``: SIGSTOP of the active until the standby writes with a newer epoch, then
   SIGCONT (the old active must find itself standby, its writes refused at the CDU);
 - ``pause_short``: SIGSTOP of the active for 40 % of its renew deadline: no change of active,
@@ -66,6 +67,7 @@ __all__ = [
     "Failover",
     "Pair",
     "events_after",
+    "first_move",
     "first_tenure",
     "max_gap_s",
     "pair",
@@ -88,6 +90,8 @@ class Pair:
     status: dict[str, list[dict[str, Any]]]  # topic -> payloads seen (retained included)
     bucket: str = ""  # the lease bucket (stream KV_<bucket>)
     setpoint_c: float = 45.0  # the scenario's supply setpoint
+    step_at_s: float = 0.0  # the scenario's load step (simulated s)
+    stepped_mono: float | None = None  # when `sample_supply` saw the simulator pass it
 
     def last(self, topic: str) -> dict[str, Any]:
         return self.status.get(topic, [{}])[-1]
@@ -135,9 +139,11 @@ async def pair(tmp: Path, mosquitto: Mosquitto, nats: NatsCluster,
                leadership: dict[str, Any] | None = None,
                servers: dict[str, list[str]] | None = None,
                cdu_heartbeat_timeout_s: float | None = None,
-               step_at_s: float | None = None,
+               step_at_s: float | None = None, instances: str = "ab",
                **control: Any) -> AsyncIterator[Pair]:
-    """Two valvey processes (a, b) on one simulated CDU. ``leadership`` overrides `LEASE`;
+    """Two valvey processes (``instances``: a, b; "" for none: the CDU alone, in its own
+    local control once its heartbeat watchdog ran out) on one simulated CDU.
+    ``leadership`` overrides `LEASE`;
     ``servers`` gives an instance its own NATS nodes (default: every node of ``nats``);
     ``cdu_heartbeat_timeout_s`` the simulated CDU's watchdog (default the plant's 10 s);
     ``step_at_s`` the S1 load step's time (simulated s; default the scenario's 10 s)."""
@@ -174,7 +180,7 @@ async def pair(tmp: Path, mosquitto: Mosquitto, nats: NatsCluster,
         await until(lambda: sim.face.running and sim.face.port, 10.0, "the CDU face")
         async with watcher:
             bucket = f"pair{uuid.uuid4().hex[:8]}"
-            for inst in "ab":
+            for inst in instances:
                 own = {**(leadership or {}),
                        **({"servers": servers[inst]} if servers and inst in servers else {})}
                 cfg = _config(tmp, inst, rack, sim.face.port, mosquitto.port, nats, bucket,
@@ -183,7 +189,7 @@ async def pair(tmp: Path, mosquitto: Mosquitto, nats: NatsCluster,
                 p.name, p.log = f"valvey-{inst}", tmp / f"valvey-{inst}.log"
                 procs[inst] = p.start()
             yield Pair(rack, sim, sim.epoch_gate, procs, status, bucket,
-                       float(sc.plant.supply_setpoint_c))
+                       float(sc.plant.supply_setpoint_c), float(sc.load.step_at_s or 0.0))
     finally:
         for p in procs.values():
             if p.alive():
@@ -252,8 +258,11 @@ SUPPLY_WINDOW_S: Final = 10.0
 """Supply error window: a kill to its takeover + this (s), against this long just before
 it."""
 SETTLED_K: Final = 0.25
-"""Steady load before a kill: the supply within this of its setpoint (K) for
-`SUPPLY_WINDOW_S`; waited for at most `SETTLE_MAX_S` (then the kill goes ahead, marked)."""
+"""Steady load before a kill: after the load step, the supply within this of its setpoint (K)
+and the valve demand unchanged for `SUPPLY_WINDOW_S`; waited for at most `SETTLE_MAX_S`
+(then the kill goes ahead, marked).
+(Counted from the step: before it the warm-started plant sits exactly at its setpoint, and a
+kill there came with the step, 0.5-0.8 K of step response measured as the failover's.)"""
 SETTLE_MAX_S: Final = 90.0
 
 
@@ -274,6 +283,10 @@ class Failover:
         supply_error_k / baseline_error_k: kills only: max |supply − setpoint| (K) from the
             kill to its takeover + `SUPPLY_WINDOW_S` / in the `SUPPLY_WINDOW_S` before it
             (filled at the end of the run).
+        valve_move_pct: kills only: the CDU's valve demand's first change after the takeover
+            (new − held, %; None: it did not change in the supply window). Bumpless: the new
+            active continues the old one's output, so it is one step of its loop, never a
+            jump back to an older value.
     """
 
     kind: str
@@ -286,6 +299,7 @@ class Failover:
     stale_attempts: int = 0
     supply_error_k: float | None = None
     baseline_error_k: float | None = None
+    valve_move_pct: float | None = None
 
 
 @dataclass
@@ -349,23 +363,34 @@ def _max_error_k(samples: list[tuple[float, float]], setpoint_c: float, start: f
     return max(errs) if errs else None
 
 
-async def _settle(pr: Pair, samples: list[tuple[float, float]]) -> bool:
-    """Until the supply stayed within `SETTLED_K` of its setpoint for `SUPPLY_WINDOW_S`
-    (True), or `SETTLE_MAX_S` passed (False)."""
+async def _settle(pr: Pair, samples: list[tuple[float, float]],
+                  valve: list[tuple[float, float]]) -> bool:
+    """Until the loop answered the load step (the valve demand moved after it) and then, for
+    `SUPPLY_WINDOW_S`, the supply stayed within `SETTLED_K` of its setpoint and the valve
+    demand did not move (the loop at rest) (True), or `SETTLE_MAX_S` passed (False). The
+    plant's dead time hides the step from the supply for seconds, so a quiet supply alone does
+    not say the step's response is over."""
     t0 = time.monotonic()
+    moved_at: float | None = None  # when the valve demand first moved after the step
     while time.monotonic() - t0 < SETTLE_MAX_S:
         now = time.monotonic()
+        stepped = pr.stepped_mono
+        if stepped is not None and moved_at is None and first_move(valve, stepped, now):
+            held = next((v for t, v in reversed(valve) if t <= stepped), None)
+            moved_at = next(t for t, v in valve if t > stepped and v != held)
         err = _max_error_k(samples, pr.setpoint_c, now - SUPPLY_WINDOW_S, now)
-        if (err is not None and err <= SETTLED_K and samples
-                and samples[0][0] <= now - SUPPLY_WINDOW_S):
+        resting = first_move(valve, now - SUPPLY_WINDOW_S, now) is None
+        if (moved_at is not None and moved_at <= now - SUPPLY_WINDOW_S
+                and err is not None and err <= SETTLED_K and resting):
             return True
         await asyncio.sleep(0.5)
     return False
 
 
 async def _one(kind: str, i: int, pr: Pair, cluster: NatsCluster, own: dict[str, str],
-               samples: list[tuple[float, float]], last_node: str = "") -> Failover:
-    settled = await _settle(pr, samples) if kind == "kill" else True
+               samples: list[tuple[float, float]], valve: list[tuple[float, float]],
+               last_node: str = "") -> Failover:
+    settled = await _settle(pr, samples, valve) if kind == "kill" else True
     e1 = pr.gate.summary()["epoch"]
     active = pr.instance_of(e1)
     standby = "b" if active == "a" else "a"
@@ -438,7 +463,7 @@ def _supply_window_end(fo: Failover) -> float:
 
 
 def _supply_errors(fos: list[Failover], samples: list[tuple[float, float]],
-                   setpoint_c: float) -> None:
+                   setpoint_c: float, valve: list[tuple[float, float]] | None = None) -> None:
     for fo in fos:
         if fo.kind != "kill":
             continue
@@ -446,13 +471,32 @@ def _supply_errors(fos: list[Failover], samples: list[tuple[float, float]],
         fo.supply_error_k = _max_error_k(samples, setpoint_c, fo.at, end)
         fo.baseline_error_k = _max_error_k(samples, setpoint_c, fo.at - SUPPLY_WINDOW_S,
                                            fo.at)
+        if valve and fo.takeover_s is not None:
+            fo.valve_move_pct = first_move(valve, fo.at + fo.takeover_s, end)
 
 
-async def sample_supply(pr: Pair, out: list[tuple[float, float]]) -> None:
-    """Append (monotonic s, supply °C of the simulated CDU's truth) to ``out`` every 0.2 s until
-    cancelled."""
+def first_move(valve: list[tuple[float, float]], start: float, end: float) -> float | None:
+    """The first change of the sampled valve demand ``valve`` ((monotonic s, %), oldest first)
+    after ``start`` up to ``end`` (new − the value held at ``start``, %); None: no change."""
+    held = next((v for t, v in reversed(valve) if t <= start), None)
+    for t, v in valve:
+        if start < t <= end and held is not None and v != held:
+            return v - held
+    return None
+
+
+async def sample_supply(pr: Pair, out: list[tuple[float, float]],
+                        valve: list[tuple[float, float]] | None = None) -> None:
+    """Append (monotonic s, supply °C of the simulated CDU's truth) to ``out`` and (monotonic
+    s, its valve demand %) to ``valve`` every 0.2 s until cancelled; notes when the simulator
+    passed its load step (`Pair.stepped_mono`)."""
     while True:
-        out.append((time.monotonic(), float(pr.sim.run_.plant.truth().supply_temp_c)))
+        now = time.monotonic()
+        if pr.stepped_mono is None and pr.sim.run_.t_s >= pr.step_at_s:
+            pr.stepped_mono = now
+        out.append((now, float(pr.sim.run_.plant.truth().supply_temp_c)))
+        if valve is not None:
+            valve.append((now, float(pr.sim.run_.plant.readings()["valve_command_pct"])))
         await asyncio.sleep(0.2)
 
 
@@ -490,7 +534,8 @@ async def run_chaos(tmp: Path, mosquitto: Mosquitto, cluster: NatsCluster, n_eac
         sub.mkdir(parents=True, exist_ok=True)
         async with pair(sub, mosquitto, cluster, **opts) as pr:
             samples: list[tuple[float, float]] = []
-            sampler = asyncio.create_task(sample_supply(pr, samples))
+            valve: list[tuple[float, float]] = []
+            sampler = asyncio.create_task(sample_supply(pr, samples, valve))
             try:
                 await first_tenure(pr)
                 fos: list[Failover] = []
@@ -498,7 +543,7 @@ async def run_chaos(tmp: Path, mosquitto: Mosquitto, cluster: NatsCluster, n_eac
                     if time.monotonic() - t0 > budget_s:
                         res.skipped += len(todo) - i
                         break
-                    fos.append(await _one(kind, i, pr, cluster, own, samples,
+                    fos.append(await _one(kind, i, pr, cluster, own, samples, valve,
                                           fos[-1].node if fos else ""))
                     done += 1
                     if progress is not None:
@@ -509,7 +554,7 @@ async def run_chaos(tmp: Path, mosquitto: Mosquitto, cluster: NatsCluster, n_eac
                                             - time.monotonic()))
             finally:
                 sampler.cancel()
-            _supply_errors(fos, samples, pr.setpoint_c)
+            _supply_errors(fos, samples, pr.setpoint_c, valve)
             res.failovers += fos
             refused, stale, overlaps = gate_counts(list(pr.gate.records))
             res.stale_attempts += refused

@@ -419,16 +419,24 @@ class Valvey(DaemonFrame[ValveyConfig]):
         """A pair's standby: its loop continues from the valve demand the CDU holds (the
         active valve's command register, else its position feedback: what the active
         wrote), so its shadow never runs ahead of the valve while nobody writes (the active
-        dead, the lease not yet expired) and its first write as active is bumpless."""
+        dead, the lease not yet expired) and its first write as active is bumpless: the
+        core's read-back reconciliation follows it too (`ValveyCore.track_active_output`),
+        so no value the standby computed earlier is re-asserted after a takeover."""
+        rb = self._readback()
+        if rb is not None and rb != self.core.loop.command_pct:
+            self.core.track_active_output(rb)
+
+    def _readback(self) -> float | None:
+        """The CDU's valve demand as last read (`ValveyCore.readback_pct`), None if unknown."""
         rb = self.core.readback_pct(self.latest)
-        if rb is not None and math.isfinite(rb) and rb != self.core.loop.command_pct:
-            self.core.loop.track_applied(rb)
+        return rb if rb is not None and math.isfinite(rb) else None
 
     def apply_sync_state(self, state: Mapping[str, Any], now: float) -> None:
         """The standby follows the active: its command state by `sync_command_state`,
         its learned state by `apply_learned` (when it changed), and its shadow loop tracks the
-        active's output (`SupplyLoop.track_applied`), so the first write after a takeover
-        continues from where the valve was sent. A record that does not parse or names
+        active's output and its reconciliation what the CDU holds
+        (`ValveyCore.track_active_output`), so the first write after a takeover continues
+        from where the valve was sent. A record that does not parse or names
         another rack is logged once and skipped."""
         try:
             synced = CommandState.from_data(dict(state.get("command") or {}))
@@ -449,7 +457,7 @@ class Valvey(DaemonFrame[ValveyConfig]):
             superseded += dropped
         pct = state.get("command_pct")
         if isinstance(pct, int | float) and not isinstance(pct, bool) and math.isfinite(pct):
-            loop.track_applied(float(pct))
+            self.core.track_active_output(float(pct), self._readback())
         if changed:
             self.log.info("pair_sync_applied", changed=changed, setpoint_c=loop.setpoint_c,
                           shadow=loop.shadow, manual_output_pct=loop.manual_target_pct)

@@ -188,6 +188,23 @@ class ValveyCore:
                 return s.value
         return None
 
+    def track_active_output(self, command_pct: float, written_pct: float | None = None) -> None:
+        """A pair's standby: the active instance drives the valve. The supply loop continues
+        from ``command_pct`` (% : the CDU's demand register, or the active's synced output;
+        `SupplyLoop.track_applied`) and ``written_pct`` (% : what the CDU holds; default
+        ``command_pct``) becomes what this core last wrote, for the read-back reconciliation:
+        so a takeover continues the active's output and never re-asserts a value this
+        instance computed (and withheld) earlier as a standby.
+
+        Raises:
+            ValueError: ``command_pct`` not a finite number.
+        """
+        self.loop.track_applied(command_pct)
+        self._last_written = self.loop.command_pct if written_pct is None else written_pct
+        self._last_written_point = self.valves.active_unit.command
+        self._mismatch_since, self.readback_mismatch = None, False
+        self._last_valve_cmd = self._last_written
+
     @property
     def shadow(self) -> bool:
         """True in shadow mode (nothing is written or sent)."""
