@@ -29,8 +29,8 @@ foreign file is moved aside (``<name>.corrupt-<ns>``) and racky starts in ``main
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from rackplane.core.alarms import AlarmEvent

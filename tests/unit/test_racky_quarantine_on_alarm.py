@@ -72,5 +72,5 @@ def test_quarantine_reason_only_for_listed_kinds_raised_in_production_or_mainten
 
 
 def test_an_unknown_alarm_kind_is_refused_naming_the_known_ones() -> None:
-    with pytest.raises(ValidationError, match="unknown alarm kind.*link_flap;.*link_flapping"):
+    with pytest.raises(ValidationError, match=r"unknown alarm kind.*link_flap;.*link_flapping"):
         LifecycleSettings(quarantine_on_alarms=["link_flap"])
