@@ -240,7 +240,8 @@ async def run_demo(
                 "sims",
                 "run",
                 "--scenario",
-                sc.name,
+                scenario,  # as given: a bundled name or a TOML path (its name alone is not
+                # found when the file is not bundled)
                 "--modbus-port",
                 str(modbus_port),
                 "--shelf-modbus-port",
