@@ -45,9 +45,9 @@ def _recording(*, takeover: bool, flap_alarm: bool, extra_alarm: bool) -> Record
     for t in range(1, 140, 5):
         _feed(rec, float(t), "valvey/state/pumps", _pumps("a", 1.0, 0.0))
     if flap_alarm:
-        _feed(rec, 82.5, "racky/alarm/link_flapping:gpu07-nic1",
+        _feed(rec, 102.5, "racky/alarm/link_flapping:gpu07-nic1",
               {"message": "link gpu07/nic1 is flapping (3 link-downs within 600 s)"})
-        _feed(rec, 83.0, "racky/state/rack", _rack(
+        _feed(rec, 103.0, "racky/state/rack", _rack(
             "quarantined", "alarm link_flapping:gpu07-nic1 raised: link gpu07/nic1 is flapping"))
     if extra_alarm:
         _feed(rec, 111.0, "racky/alarm/power_capped", {"message": "rack power capped"})
@@ -61,7 +61,7 @@ def _recording(*, takeover: bool, flap_alarm: bool, extra_alarm: bool) -> Record
     return rec
 
 
-STEPS = [_step("load step up", 40.0, 70.0, 0.0), _step("load step down", 110.0, 140.0, 12.0)]
+STEPS = [_step("load step up", 40.0, 90.0, 0.0), _step("load step down", 110.0, 140.0, 12.0)]
 
 
 def test_every_item_checked_from_a_run_that_showed_it_with_its_figures() -> None:
@@ -70,19 +70,19 @@ def test_every_item_checked_from_a_run_that_showed_it_with_its_figures() -> None
     assert [c.ok for c in items] == [True] * 6, [c.line() for c in items]
     lines = [c.line() for c in items]
     assert lines[0].startswith("[x] load step up at t = 40 s within ±0.5 K: held: max |error| "
-                               "0.31 K, never left the band (scored over t = 40-70 s)")
+                               "0.31 K, never left the band (scored over t = 40-90 s)")
     assert "back within the band after 12 s" in lines[1]
     pump = next(x for x in lines if x.startswith("[x] pump trip"))
     assert "alarm valvey:pump_failover raised at t = 140.6 s (+0.6 s) (with " \
            "valvey:pump_a_fault)" in pump, pump
     assert "duty pump a -> b, running at t = 141.2 s (takeover 1.2 s after the trip" in pump
     flap = lines[2]
-    # the flap begins at 70 s; its 3rd (last) down at 70 + 2 × (2 + 4) = 82 s
-    assert "racky:link_flapping:gpu07-nic1 raised at t = 82.5 s: 12.5 s after the flap " \
+    # the flap begins at 90 s; its 3rd (last) down at 90 + 2 × (2 + 4) = 102 s
+    assert "racky:link_flapping:gpu07-nic1 raised at t = 102.5 s: 12.5 s after the flap " \
            "began, 0.5 s after its last down (3 downs of 2 s)" in flap, flap
     held = lines[3]
     assert lines[4] is pump
-    assert "production -> quarantined at t = 83.0 s by racky" in held, held
+    assert "production -> quarantined at t = 103.0 s by racky" in held, held
     assert "lifecycle at the end: quarantined, no passed validation" in held
     assert lines[5] == "[x] no unexpected alarms: 3 alarm(s) raised, each by a scripted fault"
     # the live view's events name the alarms and the actions as they came
@@ -94,7 +94,7 @@ def test_every_item_checked_from_a_run_that_showed_it_with_its_figures() -> None
 
 def test_items_the_run_did_not_show_are_unchecked_saying_what_was_seen() -> None:
     rec = _recording(takeover=False, flap_alarm=False, extra_alarm=True)
-    steps = [_step("load step up", 40.0, 70.0, None)]
+    steps = [_step("load step up", 40.0, 90.0, None)]
     items = {"".join(c.label.split(" ")[:2]): c for c in checklist(SC, rec, steps, 170.0)}
     assert not any(c.ok for c in items.values()), items
     assert "not back within ±0.5 K by the window's end" in items["loadstep"].detail
@@ -118,7 +118,7 @@ def test_a_takeover_without_the_failover_alarm_is_unchecked() -> None:
 
 def test_a_run_that_ended_before_the_faults_checks_none_of_them() -> None:
     rec = _recording(takeover=True, flap_alarm=True, extra_alarm=False)
-    items = checklist(SC, rec, [], 60.0)
+    items = checklist(SC, rec, [], 80.0)
     by = {c.label: c for c in items}
     flap = next(c for label, c in by.items() if label.startswith("link flap"))
     pump = next(c for label, c in by.items() if label.startswith("pump trip"))
@@ -135,7 +135,7 @@ def test_a_rack_not_in_production_when_the_flap_began_is_not_held_by_it() -> Non
 
 
 def test_step_windows_end_at_the_next_scripted_fault() -> None:
-    assert scoring_windows(SC) == [("load step up", 40.0, 70.0),
+    assert scoring_windows(SC) == [("load step up", 40.0, 90.0),
                                    ("load step down", 110.0, 140.0)]
     flap = next(f for f in SC.faults if f.kind == "link_flap")
-    assert fault_end_s(flap) == 84.0  # the 3rd down (82 s) lasts 2 s
+    assert fault_end_s(flap) == 104.0  # the 3rd down (102 s) lasts 2 s
