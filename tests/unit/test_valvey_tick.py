@@ -251,6 +251,8 @@ def test_a_pump_trip_event_is_logged_by_the_daemons_logger_without_raising() -> 
     """Issue 20's demo: valvey died with TypeError at its first pump trip (the event's log
     record carried a field named ``event``, structlog's own argument). The record is emitted
     as the daemon does (`rackplane.daemon.DaemonFrame.log_records`)."""
+    from collections.abc import Mapping, MutableMapping
+
     import structlog
 
     from rackplane.core.effects import LogRecord
@@ -262,8 +264,8 @@ def test_a_pump_trip_event_is_logged_by_the_daemons_logger_without_raising() -> 
     (rec,) = fx.logs
     seen: list[dict[str, Any]] = []
 
-    def keep(_lg: Any, _name: str, ev: dict[str, Any]) -> Any:
-        seen.append(ev)
+    def keep(_lg: Any, _name: str, ev: MutableMapping[str, Any]) -> Mapping[str, Any]:
+        seen.append(dict(ev))
         raise structlog.DropEvent
 
     log = structlog.wrap_logger(None, processors=[keep],
