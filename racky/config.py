@@ -419,6 +419,24 @@ class LifecycleSettings(StrictModel):
         "$STATE_DIRECTORY or the working directory"
     )
     initial_state: LifecycleState = Field("provisioning", description="state of a new rack")
+    quarantine_on_alarms: list[str] = Field(
+        default_factory=list, description="alarm kinds (e.g. link_flapping, port_dropped) "
+        "whose raise quarantines a rack in production or maintenance, forgetting its passed "
+        "validation: it returns to production only through a new one; []: no alarm moves "
+        "the lifecycle")
+
+    @field_validator("quarantine_on_alarms")
+    @classmethod
+    def _known_alarm_kinds(cls, v: list[str]) -> list[str]:
+        if not v:  # the class default, validated while this module is still loading
+            return v
+        from racky.core.controller import ALARM_KINDS  # the core imports this module
+
+        unknown = sorted(set(v) - {k.kind for k in ALARM_KINDS})
+        if unknown:
+            raise ValueError(f"unknown alarm kind(s) {', '.join(unknown)}; racky's kinds: "
+                             f"{', '.join(sorted(k.kind for k in ALARM_KINDS))}")
+        return v
 
 
 class ValidationSettings(StrictModel):

@@ -317,8 +317,7 @@ class ValveyTick:
     def _events(self, events: list[dict[str, Any]], wall_ns: int, fx: TickEffects) -> None:
         for ev in events:
             kind = ev.get("kind")
-            fx.logs.append(LogRecord("warning", "valvey_event", {
-                **{k: v for k, v in ev.items() if k != "kind"}, "event": kind}))
+            fx.logs.append(LogRecord("warning", "valvey_event", dict(ev)))  # kind: its kind
             fx.publishes.append(Publish("telemetry", "event", {**ev, "ts_ns": wall_ns}))
             if str(kind or "").endswith("leak") or kind == "isolation":
                 fx.publishes.append(Publish("state", "leak", {

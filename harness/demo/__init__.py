@@ -11,14 +11,19 @@ Starts, on loopback and free ports:
    the run folder as the embedded store (no database needed);
 both daemons give the broker user ``operator`` the operator role, and the demo prints the
 broker's address and ready ``rackctl`` lines (a ``rackctl.toml`` in the run folder). It then
-shows a live view, and at the end prints a summary computed from what was recorded (max
-|error| after each load step, settling time, the feedforward source, racky's lifecycle, rack
-power against its budget, alarms, points spooled) and writes a PNG plot, the trace (CSV) and
-the summary (JSON, Markdown) into the run folder.
+shows a live view (with the alarms and actions as they happen: alarms raised and cleared,
+valvey's duty pump changing, racky's lifecycle changing), and at the end prints a summary
+computed from what was recorded (max |error| after each load step over a window no scripted
+fault touches, settling time, the feedforward source, racky's lifecycle, rack power against
+its budget, alarms, points spooled) with a checklist of what the run showed, each item
+checked from its data (`harness.demo.checklist`: the load steps, the scripted pump trip and
+link flap with their alarms and actions, no unexpected alarms), and writes a PNG plot, the
+trace (CSV) and the summary (JSON, Markdown) into the run folder.
 """
 
 from __future__ import annotations
 
+from harness.demo.checklist import CheckItem, checklist
 from harness.demo.procs import (
     BROKER_PROBE_S,
     DEMO_RACK,
@@ -58,10 +63,12 @@ __all__ = [
     "OPERATOR",
     "SPARK",
     "BrokerUnreachable",
+    "CheckItem",
     "DemoSummary",
     "RackySummary",
     "Recorder",
     "alarm_note",
+    "checklist",
     "control_mode_from_states",
     "count_spooled",
     "embedded_broker_problem",

@@ -20,6 +20,8 @@ __all__ = [
     "DEMO_SITE",
     "OPERATOR",
     "RACKY_BUDGET_W",
+    "RACKY_INITIAL_STATE",
+    "RACKY_QUARANTINE_ON",
     "SHELVES",
     "BrokerUnreachable",
     "access_lines",
@@ -51,6 +53,14 @@ SHELVES = 8
 RACKY_BUDGET_W = 140_000.0
 """racky's rack power budget in the demo, W: above the scenario's 132 kW peak, so racky
 watches the load step without capping it (``set_budget`` below it caps the trays)."""
+
+RACKY_INITIAL_STATE = "production"
+"""The demo's rack starts in production (racky's ``[lifecycle] initial_state``; a new rack
+of racky's defaults starts in provisioning), so that the scripted link flap shows racky
+taking it out of production."""
+RACKY_QUARANTINE_ON = ("link_flapping", "port_dropped")
+"""racky's ``[lifecycle] quarantine_on_alarms`` in the demo: a flapping or dropped link
+quarantines the rack, which then needs a new validation to return to production."""
 
 
 class BrokerUnreachable(RuntimeError):
@@ -151,12 +161,15 @@ def valvey_config(run_dir: Path, modbus_port: int, host: str, port: int,
 def racky_config(run_dir: Path, shelf_port: int, host: str, port: int,
                  protocol: str) -> dict[str, Any]:
     """racky's config: the sim's 8 power shelves, the budget, its state, spool and reports
-    in the run folder, valvey's (automation) and the operator's roles."""
+    in the run folder, the lifecycle (`RACKY_INITIAL_STATE`, `RACKY_QUARANTINE_ON`),
+    valvey's (automation) and the operator's roles."""
     return {
         "identity": {"site": DEMO_SITE, "rack": DEMO_RACK},
         "mqtt": _mqtt(host, port, protocol),
         "power": {"budget_w": RACKY_BUDGET_W},
-        "lifecycle": {"state_file": str((run_dir / "racky-state.json").resolve())},
+        "lifecycle": {"state_file": str((run_dir / "racky-state.json").resolve()),
+                      "initial_state": RACKY_INITIAL_STATE,
+                      "quarantine_on_alarms": list(RACKY_QUARANTINE_ON)},
         "spool": {"directory": str((run_dir / "racky-spool").resolve())},
         "validation": {"report_dir": str((run_dir / "validation").resolve())},
         "log": {"format": "json"},

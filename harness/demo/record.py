@@ -37,6 +37,17 @@ class Recorder:
     rack_power: list[dict[str, Any]] = field(default_factory=list)
     commands: list[tuple[float, str, str, str]] = field(default_factory=list)
     """Commands sent to the daemons during the run: (plant s, daemon, user, verb)."""
+    pumps: list[dict[str, Any]] = field(default_factory=list)
+    """valvey's ``state/pumps`` samples (with ``t_s``): the duty pump and each unit's
+    running bit."""
+    lifecycle_log: list[tuple[float, str, str, str, bool]] = field(default_factory=list)
+    """racky's lifecycle as it changed: (plant s, state, by, reason, validated); the first
+    entry is the first ``state/rack`` seen."""
+    alarm_messages: dict[str, str] = field(default_factory=dict)
+    """The message of each alarm when it was (last) raised."""
+    events: list[tuple[float, str]] = field(default_factory=list)
+    """What happened, for the live view: alarms raised and cleared, the duty pump changing,
+    racky's lifecycle changing (plant s, text)."""
 
     def plant_t(self, mono: float) -> float | None:
         return None if self.plant_t0_mono is None else mono - self.plant_t0_mono
@@ -57,8 +68,15 @@ class Recorder:
                 self.loop.append({"t_s": t, **payload})
         elif topic.endswith("/valvey/state/health") and isinstance(payload, dict):
             self.health = payload
+        elif topic.endswith("/valvey/state/pumps") and isinstance(payload, dict):
+            t = self.plant_t(msg.received_mono)
+            if t is not None:
+                self._pumps(t, payload)
         elif topic.endswith("/racky/state/rack") and isinstance(payload, dict):
             self.rack = payload
+            t = self.plant_t(msg.received_mono)
+            if t is not None:
+                self._lifecycle(t, payload.get("lifecycle"))
         elif topic.endswith("/racky/state/rack_power") and isinstance(payload, dict):
             t = self.plant_t(msg.received_mono)
             if t is not None:
@@ -82,10 +100,39 @@ class Recorder:
             if payload:
                 if key not in self.alarms:
                     self.alarm_log.append((t, key, "raised"))
+                    msg_text = payload.get("message") if isinstance(payload, dict) else None
+                    self.alarm_messages[key] = str(msg_text or "")
+                    self.events.append((t, f"alarm {key} raised"
+                                           f"{f': {msg_text}' if msg_text else ''}"))
                 self.alarms[key] = payload
             elif key in self.alarms:
                 self.alarms.pop(key)
                 self.alarm_log.append((t, key, "cleared"))
+                self.events.append((t, f"alarm {key} cleared"))
+
+    def _pumps(self, t: float, payload: dict[str, Any]) -> None:
+        units = payload.get("units")
+        running = {str(u.get("name")): u.get("running") for u in units
+                   if isinstance(u, dict)} if isinstance(units, list) else {}
+        duty = payload.get("duty")
+        prev = self.pumps[-1]["duty"] if self.pumps else None
+        self.pumps.append({"t_s": t, "duty": duty, "running": running,
+                           "handoff": payload.get("handoff")})
+        if prev is not None and duty != prev:
+            self.events.append((t, f"valvey: duty pump {prev} -> {duty} (running: "
+                                   f"{running.get(str(duty))})"))
+
+    def _lifecycle(self, t: float, lc: Any) -> None:
+        if not isinstance(lc, dict):
+            return
+        row = (t, str(lc.get("state")), str(lc.get("by", "")), str(lc.get("reason", "")),
+               lc.get("validated") is True)
+        last = self.lifecycle_log[-1] if self.lifecycle_log else None
+        if last is None or last[1:] != row[1:]:
+            self.lifecycle_log.append(row)
+            if last is not None and last[1] != row[1]:
+                self.events.append((t, f"racky: lifecycle {last[1]} -> {row[1]} by {row[2]}"
+                                       f" ({row[3]})"))
 
 
 FF_SOURCE_NAMES = {

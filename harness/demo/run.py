@@ -20,6 +20,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from harness.demo.checklist import checklist
 from harness.demo.procs import (
     BROKER_PROBE_S,
     DEMO_RACK,
@@ -57,6 +58,8 @@ __all__ = ["DEFAULT_SCENARIO", "SPARK", "run_demo"]
 DEFAULT_SCENARIO = "demo-load-step"
 """S1's load step on the virtual rack with demo timing (config/scenarios/demo-load-step.toml)."""
 SPARK = "▁▂▃▄▅▆▇█"
+EVENTS_SHOWN = 8
+"""Alarms and actions the live view lists (the latest)."""
 ANNOUNCE_AFTER_S = 30.0
 """How long the demo waits for valvey and racky to be online before it prints how to reach
 them anyway (with what is not online), s."""
@@ -118,6 +121,10 @@ def _view(sc: Scenario, rec: Recorder, elapsed: float, total: float,
         f" ({rec.rack.get('limit_source', '—')})",
     )
     tbl.add_row("alarms", ", ".join(sorted(rec.alarms)) or "none")
+    duty = rec.pumps[-1] if rec.pumps else {}
+    running = ", ".join(f"{k} {v:g}" for k, v in duty.get("running", {}).items()
+                        if isinstance(v, (int, float)))
+    tbl.add_row("valvey: duty pump / running", f"{duty.get('duty', '—')} / {running or '—'}")
     spool = rec.health.get("spool", {}) if rec.health else {}
     tbl.add_row("spooled lines", str(spool.get("spooled_lines", "—")))
     errs = [
@@ -125,8 +132,13 @@ def _view(sc: Scenario, rec: Recorder, elapsed: float, total: float,
     ]
     spark = _spark(errs, -1.0, 1.0)
     bar = f"{elapsed:5.0f} / {total:.0f} s"
+    events = Text("\n".join(f"{t:5.0f} s  {e}" for t, e in rec.events[-EVENTS_SHOWN:])
+                  or "none yet")
+    faults = "; ".join(f"{f.kind} {f.target()} at t = {f.at_s:g} s" for f in sc.faults)
     return Group(
         Panel(tbl, title=f"rackplane demo: {sc.name}, rack {DEMO_RACK}", subtitle=bar),
+        Panel(events, title="alarms and actions (plant time)",
+              subtitle=f"scripted faults: {faults}" if faults else None),
         Text(f"error, last 60 s (±1 K): {spark}"),
         Text("Ctrl-C stops early; the summary and plot are written either way.", style="dim"),
     )
@@ -228,7 +240,8 @@ async def run_demo(
                 "sims",
                 "run",
                 "--scenario",
-                sc.name,
+                scenario,  # as given: a bundled name or a TOML path (its name alone is not
+                # found when the file is not bundled)
                 "--modbus-port",
                 str(modbus_port),
                 "--shelf-modbus-port",
@@ -262,6 +275,7 @@ async def run_demo(
         interactive = console.is_terminal
         last_print = 0.0
         last_state: str | None = None
+        events_said = 0
         with (
             Live(_view(sc, rec, 0, total, _broker_state(link, mqtt_host, mqtt_port)),
                  console=console, refresh_per_second=2, transient=False)
@@ -298,7 +312,12 @@ async def run_demo(
                     last_state = state
                 if live is not None:
                     live.update(_view(sc, rec, elapsed, total, state))
-                elif elapsed - last_print >= 10:
+                else:  # off a terminal: each alarm and action as a line, as it happens
+                    for t_ev, ev in rec.events[events_said:]:
+                        console.print(f"[t = {t_ev:5.1f} s] {ev}", markup=False,
+                                      highlight=False, soft_wrap=True)
+                    events_said = len(rec.events)
+                if live is None and elapsed - last_print >= 10:
                     last_print = elapsed
                     lp = rec.loop[-1] if rec.loop else {}
                     def num(v: Any, nd: int) -> str:
@@ -402,6 +421,7 @@ async def run_demo(
         ff_source_share=ff_source_share(rec.loop),
         racky=rsum,
         commands=[f"{t:.0f} s {user} → {daemon} {verb}" for t, daemon, user, verb in rec.commands],
+        checklist=[c.as_dict() for c in checklist(sc, rec, steps, end_t)],
     )
     (run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
     (run_dir / "summary.md").write_text(summary_markdown(summary))

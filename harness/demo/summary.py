@@ -24,6 +24,7 @@ __all__ = [
     "count_spooled",
     "print_summary",
     "racky_summary",
+    "scoring_windows",
     "summarise",
     "summary_markdown",
     "write_plot",
@@ -78,6 +79,8 @@ class DemoSummary:
     commands: list[str] = field(default_factory=list)
     """Commands operators sent during the run (``<plant s> <user> → <daemon> <verb>``): the
     step figures then include their effects, and the summary says so."""
+    checklist: list[dict[str, Any]] = field(default_factory=list)
+    """`harness.demo.checklist.CheckItem` s as dicts (label, ok, detail): what the run showed."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,18 +142,30 @@ def _steps(sc: Scenario) -> list[tuple[str, float, float | None]]:
     return [("whole run", 0.0, None)]
 
 
+def scoring_windows(sc: Scenario) -> list[tuple[str, float, float | None]]:
+    """`_steps` with each window cut at the first scripted fault inside it (the step figures
+    are the load step's alone, not a fault's)."""
+    out = []
+    for label, t0, t1 in _steps(sc):
+        cuts = [f.at_s for f in sc.faults if f.at_s > t0 and (t1 is None or f.at_s < t1)]
+        out.append((label, t0, min(cuts) if cuts else t1))
+    return out
+
+
 def summarise(sc: Scenario, rec: Recorder, end_t: float) -> list[dict[str, Any]]:
-    """Step figures from what valvey published (its process variable) and the plant truth."""
+    """Step figures from what valvey published (its process variable) and the plant truth,
+    each over its `scoring_windows` window."""
     t = [r["t_s"] for r in rec.loop]
     pv = [r.get("supply_temp_c") for r in rec.loop]
     sp = [r.get("setpoint_c") or sc.plant.supply_setpoint_c for r in rec.loop]
     tt = [r["t_s"] for r in rec.plant]
     true = [r["supply_temp_c"] for r in rec.plant]
     out = []
-    for label, t0, t1 in _steps(sc):
+    for label, t0, t1 in scoring_windows(sc):
         if t0 > end_t - 5:  # a step in the last seconds has no response to score yet
             continue
-        row: dict[str, Any] = {"disturbance": label, "t0_s": t0, "t1_s": t1 if t1 else end_t}
+        row: dict[str, Any] = {"disturbance": label, "t0_s": t0,
+                               "t1_s": min(t1, end_t) if t1 else end_t}
         for name, ts, vals, sps in (
             ("valvey_pv", t, pv, sp),
             ("plant_truth", tt, true, sc.plant.supply_setpoint_c),
@@ -166,7 +181,7 @@ def summarise(sc: Scenario, rec: Recorder, end_t: float) -> list[dict[str, Any]]
 
 def write_plot(path: Path, sc: Scenario, rec: Recorder) -> None:
     """Supply temperature, valve and load (plant truth and racky's rack power) over plant
-    time (PNG)."""
+    time, the scripted faults marked (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -196,6 +211,11 @@ def write_plot(path: Path, sc: Scenario, rec: Recorder) -> None:
     limit = rec.rack.get("limit_w")
     if isinstance(limit, (int, float)):
         ax[2].axhline(limit / 1000, color="k", lw=0.8, ls=":", label="racky's limit")
+    for f in sc.faults:  # the scripted faults, named on the top axis
+        for a in ax:
+            a.axvline(f.at_s, color="tab:purple", ls="--", lw=0.8)
+        ax[0].annotate(f"{f.kind} {f.target()}", (f.at_s, 1.0), xycoords=("data", "axes fraction"),
+                       fontsize=7, color="tab:purple", rotation=90, va="top", ha="right")
     ax[2].set_ylabel("kW")
     ax[2].set_xlabel("plant time, s")
     ax[2].legend(loc="lower right", fontsize=8)
@@ -238,6 +258,10 @@ def _commands_text(commands: list[str]) -> str:
             "include their effects (they are not the load steps' alone)")
 
 
+def _check_line(c: dict[str, Any]) -> str:
+    return f"[{'x' if c['ok'] else ' '}] {c['label']}: {c['detail']}"
+
+
 def summary_markdown(s: DemoSummary) -> str:
     """The summary as a Markdown table (pasted verbatim into the README)."""
     import platform
@@ -258,9 +282,13 @@ def summary_markdown(s: DemoSummary) -> str:
             lines.append(f"| {st['disturbance']} | — | — | — |")
             continue
         lines.append(
-            f"| {st['disturbance']} at t = {st['t0_s']:g} s | {pv['max_abs_error_k']:.2f} K | "
+            f"| {st['disturbance']} at t = {st['t0_s']:g} s (scored to {st['t1_s']:.0f} s) | "
+            f"{pv['max_abs_error_k']:.2f} K | "
             f"{_settle(pv, 'never left ±0.5 K')} | {tr['max_abs_error_k']:.2f} K |"
         )
+    if s.checklist:
+        lines += ["", "What the run showed (each item checked from its data):", ""]
+        lines += [f"- {_check_line(c)}" for c in s.checklist]
     if s.commands:
         lines += ["", _commands_text(s.commands)]
     lines += [
@@ -299,7 +327,7 @@ def print_summary(s: DemoSummary, console: Console) -> None:
     for st in s.steps:
         pv, tr = st.get("valvey_pv"), st.get("plant_truth")
         t.add_row(
-            f"{st['disturbance']} (t={st['t0_s']:g} s)",
+            f"{st['disturbance']} (t={st['t0_s']:g} s, scored to {st['t1_s']:.0f} s)",
             f"{pv['max_abs_error_k']:.2f} K" if pv else "—",
             _settle(pv, "never left the band"),
             f"{tr['max_abs_error_k']:.2f} K" if tr else "—",
@@ -309,6 +337,11 @@ def print_summary(s: DemoSummary, console: Console) -> None:
     def say(text: str) -> None:
         console.print(text, markup=False, highlight=False)
 
+    if s.checklist:
+        say("checklist (each item checked from the run's data):")
+        for c in s.checklist:
+            console.print(f"  {_check_line(c)}", style=None if c["ok"] else "yellow",
+                          markup=False, highlight=False)
     if s.commands:
         say(_commands_text(s.commands))
 

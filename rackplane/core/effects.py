@@ -37,11 +37,21 @@ class TsLine:
 @dataclass(frozen=True, slots=True)
 class LogRecord:
     """One log line: ``level`` (debug | info | warning | error | critical), the ``event``
-    name and its key/value ``fields``."""
+    name and its key/value ``fields``.
+
+    Raises:
+        ValueError: a field named ``event`` (structlog's own argument: emitting the record
+            would raise TypeError in the daemon's tick).
+    """
 
     level: str
     event: str
     fields: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        if "event" in self.fields:
+            raise ValueError(f"log record {self.event!r}: a field named 'event' collides with "
+                             "the event name")
 
 
 SEVERITY_CODE = {"warning": 1.0, "minor": 2.0, "major": 3.0, "critical": 4.0}

@@ -47,9 +47,9 @@ from racky.core.agent_settings import (
     Sequencer,
     diff_commands,
 )
-from racky.core.alarmbank import AlarmBank
+from racky.core.alarmbank import AlarmBank, AlarmKind
 from racky.core.campaign_gate import JUDGED_KEEP, JudgedRun, check_production
-from racky.core.lifecycle import PersistedState
+from racky.core.lifecycle import PersistedState, quarantine_reason
 from racky.core.linkframe import LinkFrame
 from racky.core.links import LINK_ALARM_KINDS, LinkHealth, LinkStep
 from racky.core.power import (
@@ -76,7 +76,12 @@ from racky.core.thermal import (
 )
 from racky.core.validation import Stage, ValidationResult, ValidationRun, ValidationSample
 
-__all__ = ["POWER_GRACE_S", "REASSERT", "REFRESH", "CoreOutput", "RackyCore", "RackyInputs"]
+__all__ = ["ALARM_KINDS", "POWER_GRACE_S", "REASSERT", "REFRESH", "CoreOutput", "RackyCore",
+           "RackyInputs"]
+
+ALARM_KINDS: tuple[AlarmKind, ...] = (*LINK_ALARM_KINDS, *THERMAL_ALARM_KINDS,
+                                      *POWER_ALARM_KINDS)
+"""The core's alarm kinds (links, thermal, power)."""
 
 FloatArray = npt.NDArray[np.float64]
 REASSERT = "re-assert (reported settings drifted)"
@@ -141,8 +146,7 @@ class RackyCore:
         self.n_trays = a.trays
         self.gpt = a.gpus_per_tray
         self.n_gpus = a.trays * a.gpus_per_tray
-        self.bank = AlarmBank((*LINK_ALARM_KINDS, *THERMAL_ALARM_KINDS, *POWER_ALARM_KINDS),
-                              start_mono)
+        self.bank = AlarmBank(ALARM_KINDS, start_mono)
         self.persisted = persisted
         self.persist_version = 0
         p = cfg.power
@@ -370,6 +374,9 @@ class RackyCore:
             events += bank.update(now, kind, cond, th.details.get(kind))
         events += self._power_alarms(now, view, limit, rack_w, fresh, trays, drift)
         events += bank.tick(now)
+        if (q := quarantine_reason(self.persisted.lifecycle.state,
+                                   self.cfg.lifecycle.quarantine_on_alarms, events)):
+            self.set_lifecycle("quarantined", q, "racky", wall_ns)
 
         # 7. validation
         result = None

@@ -14,8 +14,11 @@ States (`racky.config.LIFECYCLE_STATES`)::
 * ``production`` is entered only from ``validating`` with a pass, or from ``maintenance`` when
   the last validation passed and nothing quarantined the rack since (validation gates
   production);
-* ``quarantined`` can be entered from any state by command; it is left only by a new
-  validation or to ``maintenance``.
+* ``quarantined`` can be entered from any state by command, and by racky itself from
+  ``production`` or ``maintenance`` when an alarm of a kind in ``[lifecycle]
+  quarantine_on_alarms`` is raised (`quarantine_reason`, e.g. ``link_flapping``); it is left
+  only by a new validation or to ``maintenance``, and a quarantine forgets the passed
+  validation, so the rack returns to production only through a new one.
 
 `PersistedState` is what survives a restart: one JSON document, versioned (``format``,
 ``version``); `racky.persist.StateStore` reads it and writes it atomically. An unreadable or
@@ -26,14 +29,17 @@ foreign file is moved aside (``<name>.corrupt-<ns>``) and racky starts in ``main
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rackplane.core.alarms import AlarmEvent
 from rackplane.errors import CommandError
 from racky.config import LIFECYCLE_STATES, LifecycleState
 from racky.core.campaign_gate import JudgedRun, judged_from_json, judged_to_json
 
-__all__ = ["FORMAT", "HISTORY_KEEP", "VERSION", "Lifecycle", "PersistedState"]
+__all__ = ["FORMAT", "HISTORY_KEEP", "VERSION", "Lifecycle", "PersistedState",
+           "quarantine_reason"]
 
 FORMAT = "racky-state"
 VERSION = 1
@@ -161,6 +167,20 @@ class Lifecycle:
                    by=str(d.get("by", "")), validated=validated,
                    validating_from=vf if vf in LIFECYCLE_STATES else None,
                    history=list(hist)[-HISTORY_KEEP:])
+
+
+def quarantine_reason(state: str, kinds: Sequence[str], events: Iterable[AlarmEvent]
+                      ) -> str | None:
+    """``[lifecycle] quarantine_on_alarms``: the reason to quarantine a rack in ``state`` (its
+    first raised alarm whose kind, the id before ``:``, is in ``kinds``), or None. Only
+    ``production`` and ``maintenance`` (validated, one command from production) are
+    quarantined; a running validation judges the alarm itself (its link criterion)."""
+    if not kinds or state not in ("production", "maintenance"):
+        return None
+    for ev in events:
+        if ev.kind == "raised" and ev.id.split(":", 1)[0] in kinds:
+            return f"alarm {ev.id} raised: {ev.message}"
+    return None
 
 
 @dataclass

@@ -245,3 +245,33 @@ def test_an_integer_beyond_a_double_in_a_sensor_message_is_bad_not_a_crash(topic
         name = "room_temp_c" if topic == ENV else "rack_power_w"
         s = t.latest[name]
         assert s.quality is Quality.BAD and not s.usable
+
+
+def test_a_pump_trip_event_is_logged_by_the_daemons_logger_without_raising() -> None:
+    """Issue 20's demo: valvey died with TypeError at its first pump trip (the event's log
+    record carried a field named ``event``, structlog's own argument). The record is emitted
+    as the daemon does (`rackplane.daemon.DaemonFrame.log_records`)."""
+    from collections.abc import Mapping, MutableMapping
+
+    import structlog
+
+    from rackplane.core.effects import LogRecord
+
+    t = _tick()
+    fx = TickEffects()
+    t._events([{"kind": "pump_trip", "t_mono": 5.0, "pump": "a", "reason": "vfd_fault"}],
+              WALL, fx)
+    (rec,) = fx.logs
+    seen: list[dict[str, Any]] = []
+
+    def keep(_lg: Any, _name: str, ev: MutableMapping[str, Any]) -> Mapping[str, Any]:
+        seen.append(dict(ev))
+        raise structlog.DropEvent
+
+    log = structlog.wrap_logger(None, processors=[keep],
+                                wrapper_class=structlog.make_filtering_bound_logger(0))
+    getattr(log, rec.level)(rec.event, **rec.fields)
+    assert seen == [{"event": "valvey_event", "kind": "pump_trip", "t_mono": 5.0,
+                     "pump": "a", "reason": "vfd_fault"}]
+    with pytest.raises(ValueError, match="field named 'event'"):
+        LogRecord("warning", "x", {"event": "pump_trip"})
