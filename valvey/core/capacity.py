@@ -285,7 +285,9 @@ class LiquidFraction:
 
     @property
     def learned(self) -> bool:
-        return self._ratio.n >= self.s.liquid_steady_s
+        """A steady window of ``liquid_steady_s`` has passed and its ratio has been averaged
+        for a quarter of that again (the inputs are already 30 s averages at the default)."""
+        return self._ratio.n >= self.s.liquid_steady_s / 4.0
 
     @property
     def value(self) -> float:
