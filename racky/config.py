@@ -397,8 +397,22 @@ class ThermalSettings(StrictModel):
     )
     protect_release_w_per_s: float = Field(20.0, gt=0, description="per-GPU cap rise while "
                                            "the margin allows")
-    plate_tau_s: float = Field(4.0, gt=0, description="cold-plate time constant for the "
-                               "steady-state estimate (REF §1.7: ≈ 4 s [D])")
+    plate_tau_s: float = Field(
+        10.0, gt=0, le=600, description="cold-plate time constant, s: with learn_plate_tau "
+        "the protective cap's look-ahead (2τ) until the GPU's own is learned (no steady-state "
+        "prediction before it); learning off, the one τ of both. Long on purpose: a longer "
+        "look-ahead caps deeper; a healthy plate is a few s (REF §1.7: ≈ 4 s [D]), a fouled "
+        "one longer [U]"
+    )
+    learn_plate_tau: bool = Field(
+        True, description="learn each GPU's plate time constant from its junction's response "
+        "to a power step (racky.core.plate_tau); false: plate_tau_s always"
+    )
+    plate_tau_min_s: float = Field(
+        1.0, gt=0, le=600, description="plausibility window of a learned plate time "
+        "constant, s: a fit outside [min, max] is not learned"
+    )
+    plate_tau_max_s: float = Field(60.0, gt=0, le=600, description="see plate_tau_min_s")
     tray_outlet_limit_c: float = Field(65.0, description="tray coolant outlet alarm, °C [U]")
     psu_warn_c: float = Field(80.0, description="PSU temperature warning, °C [U]")
     psu_limit_c: float = Field(85.0, description="PSU over-temperature, °C (the simulator's "

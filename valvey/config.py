@@ -517,6 +517,10 @@ def config_warnings(cfg: ValveyConfig) -> list[str]:
     out = plausibility_warnings(cfg, PLAUSIBLE)
     out += [f"{key} is unset; switched off: {what}" for key, what in SAFETY_ROLES
             if value_at(cfg, key) is None]
+    if cfg.capacity.enabled and cfg.capacity.rack_max_power_w is None:
+        out.append("capacity.rack_max_power_w is unset: give the rack's maximum IT power from "
+                   "its vendor's spec (REFERENCE §1.1); until then the highest rack power seen "
+                   "stands in for it (the no-standby and low-flow caps are shares of it)")
     if cfg.leadership.enabled and cfg.points.controller_epoch is None:
         out.append("points.controller_epoch is unset with [leadership] enabled: the CDU cannot "
                    "refuse a fenced-out instance's writes; only its heartbeat watchdog fences")

@@ -316,6 +316,7 @@ def run_valvey(
     warm: bool = True,
     on_tick: Callable[[ScenarioRun, ValveyCore, float, float], None] | None = None,
     variant: str | None = None,
+    nameplate: bool = True,
 ) -> LockstepResult:
     """Run ``scenario`` with valvey's core in lock-step at ``dt_s`` (the 10 Hz tick).
 
@@ -334,8 +335,14 @@ def run_valvey(
             steps (tests: operator actions on the core at its clock).
         variant: runs on this member of the plant family (`sims.cdu.variants.VARIANTS`)
             instead of the scenario's own; an unknown name raises `pydantic.ValidationError`.
+        nameplate: a ``cfg`` without ``capacity.rack_max_power_w`` gets the scenario rack's
+            (``plant.rack_max_power_w``), as a site's config gives its rack's vendor figure;
+            False: left unknown (valvey then uses the highest rack power it has seen).
     """
     cfg = cfg or ValveyConfig()
+    if nameplate and cfg.capacity.rack_max_power_w is None:
+        cfg = cfg.model_copy(update={"capacity": cfg.capacity.model_copy(
+            update={"rack_max_power_w": scenario.plant.rack_max_power_w})})
     if feedforward is not None:
         cfg = cfg.model_copy(update={"feedforward": cfg.feedforward.model_copy(
             update={"enabled": feedforward})})

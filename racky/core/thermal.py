@@ -8,7 +8,10 @@ Per GPU (vectorised over the rack's GPUs; REFERENCE §1.6, §3.4):
   ``rise_for_s`` while the GPU's power is flat (REFERENCE §3.4: 2 K/s for 2 s), i.e. within
   ``flat_power_pct`` of its level for ``rise_flat_s`` (after a power step the junction rises
   for ~3 plate time constants: that is load, not a failing cold plate);
-* **prediction**: the first-order steady state Tj + τ·dTj/dt (τ = ``plate_tau_s``) at or
+* **prediction**: the first-order steady state Tj + τ·dTj/dt (τ: the GPU's plate time constant,
+  learned from its response to power steps, `racky.core.plate_tau`; no prediction for a GPU
+  until its τ is learned, the margin and rate-of-rise checks acting alone: the long prior
+  predicted a healthy load step's rise as an overheat) at or
   beyond the warning margin, with the HW-slowdown threshold (margin −``gpu_slowdown_offset_c``)
   reached within ``predict_horizon_s`` by linear extrapolation (the "predicted time to the
   limit" the alarm states), judged only when the power has been steady for
@@ -28,8 +31,8 @@ or more hot → ``rack-wide`` (load or loop distribution); no cooling state → 
 **Protection** (``protect``): a tray whose cause is ``tray`` and whose hottest GPU is predicted
 to reach slowdown within ``protect_horizon_s`` gets a per-GPU power cap aimed at
 ``protect_target_margin_c``: P' = P × (Tj_target − T_ref)/(Tj_pred − T_ref), with Tj_pred the
-rise extrapolated ``2 × plate_tau_s`` ahead and T_ref the coolant supply (the cold plate's
-conductance G falls with fouling, so its time constant C/G grows: the look-ahead errs early).
+rise extrapolated 2τ ahead and T_ref the coolant supply (the cold plate's conductance G falls
+with fouling, so its time constant C/G grows: a τ learned before the fouling errs short).
 The cap is lowered again while the margin stays below target and raised by
 ``protect_release_w_per_s`` while it is comfortably above, up to TGP, where it is removed.
 """
@@ -45,6 +48,7 @@ import numpy.typing as npt
 from rackplane.core.detect import RateOfRise, VectorThreshold, time_to_limit
 from racky.config import CoolingSettings, ThermalSettings
 from racky.core.alarmbank import AlarmKind
+from racky.core.plate_tau import PlateTau
 
 __all__ = ["THERMAL_ALARM_KINDS", "CoolingReading", "ThermalInputs", "ThermalStep", "ThermalWatch"]
 
@@ -141,6 +145,8 @@ class ThermalWatch:
         self._slope_t = -np.inf
         self._prev_power = np.full(n, np.nan)
         self._steady_since = np.full(n, np.nan)
+        self.plate = PlateTau(n, cfg.plate_tau_s, min_s=cfg.plate_tau_min_s,
+                              max_s=cfg.plate_tau_max_s)
         self._outlet = VectorThreshold(n_trays, cfg.tray_outlet_limit_c, cfg.hysteresis_c,
                                        on_delay_s=cfg.for_s)
         self._psu_names: list[str] = []
@@ -198,6 +204,9 @@ class ThermalWatch:
         self._prev_power = np.where(moved, p, self._prev_power)
         self._steady_since = np.where(moved, now, self._steady_since)
         steady_s = now - self._steady_since
+        if cfg.learn_plate_tau:
+            self.plate.update(now, tj, moved, fresh)
+        tau = self.plate.tau_s
         rise = self._rise.update(now, np.where(steady_s >= cfg.rise_flat_s, slope, np.nan))
         # prediction: the first-order steady state Tj + τ·dTj/dt reaching the warning margin,
         # and the time to the slowdown threshold (margin −offset) by linear extrapolation
@@ -205,13 +214,15 @@ class ThermalWatch:
         slow_tj = t_maxop + cfg.gpu_slowdown_offset_c
         s_eff = np.where(slope >= cfg.predict_min_slope_k_per_s, slope, 0.0)
         ttl = time_to_limit(tj, s_eff, slow_tj)
-        margin_ss = margin - cfg.plate_tau_s * s_eff
+        margin_ss = margin - tau * s_eff
         # a step of power moves Tj at once (die) and then with the plate's τ: the slope window
         # must not contain a power step, or it extrapolates the jump
         pred_raw = np.where(np.isnan(margin), np.nan,
                             np.where((margin_ss <= cfg.gpu_warn_margin_c)
                                      & (ttl <= cfg.predict_horizon_s)
-                                     & (steady_s >= cfg.predict_steady_s), 1.0, 0.0))
+                                     & (steady_s >= cfg.predict_steady_s)
+                                     & (self.plate.learned | (not cfg.learn_plate_tau)),
+                                     1.0, 0.0))
         pred = self._pred.update(now, pred_raw)
         hot = (warn | rise | pred | slowdown) & fresh
 
@@ -313,7 +324,7 @@ class ThermalWatch:
         n, g = self.n_trays, self.gpt
         mr = np.where(np.isnan(margin), np.inf, margin).reshape(n, g)
         hot_i = np.arange(n) * g + mr.argmin(axis=1)  # each tray's hottest GPU
-        look = 2.0 * cfg.plate_tau_s
+        look = 2.0 * self.plate.tau_s
         t_ref = cool.supply_temp_c if cool is not None and cool.supply_temp_c is not None \
             else None
         hot_set = set(hot_trays)
@@ -327,7 +338,7 @@ class ThermalWatch:
             if danger or (cur is not None and margin[i] < cfg.protect_target_margin_c - 0.5):
                 tgt_tj = t_maxop[i] - cfg.protect_target_margin_c
                 s = slope[i] if np.isfinite(slope[i]) and slope[i] > 0 else 0.0
-                tj_pred = tj[i] + s * look
+                tj_pred = tj[i] + s * look[i]
                 ref = t_ref if t_ref is not None else tj[i] - 0.5 * (tj[i] - 25.0)
                 gp = p[k * g:(k + 1) * g]
                 power = float(np.nanmax(gp)) if np.isfinite(gp).any() else self.tgp_w

@@ -41,9 +41,14 @@ def restore_logging() -> Iterator[None]:
 
 def test_defaults_and_shipped_examples_are_plausible() -> None:
     assert racky_warnings(RackyConfig()) == []
-    assert valvey_warnings(ValveyConfig()) == []
+    # the one site figure valvey has no default for: the rack's maximum power (a nameplate)
+    unset = [w for w in valvey_warnings(ValveyConfig())
+             if w.startswith("capacity.rack_max_power_w is unset")]
+    assert len(unset) == 1 and valvey_warnings(ValveyConfig()) == unset
+    named = {"capacity": {"rack_max_power_w": 140_000.0}}
+    assert valvey_warnings(ValveyConfig.model_validate(named)) == []
     assert racky_warnings(load_config(RackyConfig, CONFIG / "racky.example.toml")) == []
-    assert valvey_warnings(load_config(ValveyConfig, CONFIG / "valvey.example.toml")) == []
+    assert valvey_warnings(load_config(ValveyConfig, CONFIG / "valvey.example.toml")) == unset
 
 
 @pytest.mark.parametrize(("model", "data", "warn", "text"), [

@@ -123,3 +123,15 @@ def test_overtemp_clear_band_must_be_below_the_trip_band() -> None:
     with pytest.raises(ValidationError, match=r"no_flow_fraction .* must be below"):
         SafetySettings(no_flow_fraction=0.6, low_flow_fraction=0.5)
     SafetySettings(overtemp_k=5.0, overtemp_clear_k=4.9)
+
+
+def test_flow_mode_needs_the_sites_flow_setpoint() -> None:
+    """No flow setpoint default (the nominal simulated plant's 198 L/min was one): mode
+    'flow' refuses to load without the site's, mode 'diff_pressure' needs none."""
+    from valvey.core.pump_settings import PumpLoopSettings
+
+    assert PumpLoopSettings().flow_setpoint_lpm is None
+    with pytest.raises(ValidationError, match="mode 'flow' needs flow_setpoint_lpm"):
+        PumpLoopSettings(mode="flow")
+    assert PumpLoopSettings(mode="flow", flow_setpoint_lpm=240.0).setpoint == 240.0
+    assert PumpLoopSettings().setpoint == PumpLoopSettings().dp_setpoint_kpa

@@ -105,6 +105,19 @@ def test_the_liquid_fraction_is_learned_at_steady_state() -> None:
     assert st.open_w_per_k == pytest.approx(open_capacity_w_per_k(10.2, FLOW, RHO_C, 1.0))
 
 
+def test_the_liquid_fraction_is_learned_soon_after_one_steady_window() -> None:
+    # learned once a steady window (liquid_steady_s) has passed and its ratio has been
+    # averaged a quarter of that again: not before the window, not three windows later (a
+    # stuck valve 60 s into a run finds the prior in use either way: the learned value is
+    # the plant's own only after this)
+    w = S.liquid_steady_s
+    g = CapacityGuard(S)
+    _steady_run(g, 0.8, int(w * 1.2))
+    assert not g.liquid.learned
+    st = _steady_run(g, 0.8, int(w * 0.1), t0=w * 1.2)
+    assert g.liquid.learned and st.liquid_fraction == pytest.approx(0.8, abs=0.005)
+
+
 def test_an_implausible_ratio_is_not_learned_and_the_fallback_stays() -> None:
     # a heat meter reading 30 % of the rack power: outside [min, max], never learned
     g = CapacityGuard(S)

@@ -41,16 +41,41 @@ def test_feedforward_falls_back_to_heat_removed_on_null_rack_power() -> None:
 
 
 def test_capacity_caps_fall_back_to_rack_max_power_on_null_rack_power() -> None:
-    s = CapacitySettings()
+    s = CapacitySettings(rack_max_power_w=150_000.0)  # the site's nameplate (not the sim's)
     common: dict[str, Any] = dict(
         pv_c=50.0, setpoint_c=45.0, valve_demand_pct=100.0, valve_position_pct=100.0,
         heat_removed_kw=None, return_c=None, facility_c=None, flow_lpm=None,
         rack_power_w=None, no_standby=False, low_flow=False)
     over = CapacityGuard(s).step(0.0, valve_stuck=False, over_temperature=True, **common)
-    assert over.cap_w == round(s.overtemp_cap_fraction * s.rack_max_power_w, -2)
+    assert over.cap_w == round(s.overtemp_cap_fraction * 150_000.0, -2)
     stuck = CapacityGuard(s).step(0.0, valve_stuck=True, over_temperature=False, **common)
-    assert stuck.cap_w == round(0.9 * s.rack_max_power_w, -2)
+    assert stuck.cap_w == round(0.9 * 150_000.0, -2)
     # with a number the cap follows the measured power instead (the fallback is not a default)
     measured = CapacityGuard(s).step(0.0, valve_stuck=True, over_temperature=False,
                                      **{**common, "rack_power_w": 60_000.0})
     assert measured.cap_w == round(0.9 * 60_000.0, -2)
+
+
+def test_an_unknown_rack_max_power_is_the_highest_rack_power_seen() -> None:
+    """No nameplate configured (the shipped default: the nominal plant's 132 kW was one):
+    the caps that are shares of the rack's maximum use the highest rack power seen, never
+    above the true maximum; before any, every such cap is at min_cap_w."""
+    s = CapacitySettings()
+    assert s.rack_max_power_w is None
+    common: dict[str, Any] = dict(
+        pv_c=45.0, setpoint_c=45.0, valve_demand_pct=50.0, valve_position_pct=50.0,
+        valve_stuck=False, heat_removed_kw=None, return_c=None, facility_c=None, flow_lpm=None,
+        low_flow=False, over_temperature=False)
+    blind = CapacityGuard(s).step(0.0, rack_power_w=None, no_standby=True, **common)
+    assert blind.cap_w == s.min_cap_w
+    g = CapacityGuard(s)
+    for t, p in enumerate((90_000.0, 118_000.0, 104_000.0)):
+        g.step(float(t), rack_power_w=p, no_standby=False, **common)
+    assert g.rack_max_w(None) == 118_000.0
+    st = g.step(3.0, rack_power_w=100_000.0, no_standby=True, **common)
+    assert st.cap_w == round(s.no_standby_cap_fraction * 118_000.0, -2)
+    # configured: the nameplate, whatever was seen
+    named = CapacityGuard(CapacitySettings(rack_max_power_w=142_000.0))
+    named.step(0.0, rack_power_w=118_000.0, no_standby=False, **common)
+    st = named.step(1.0, rack_power_w=118_000.0, no_standby=True, **common)
+    assert st.cap_w == round(named.s.no_standby_cap_fraction * 142_000.0, -2)

@@ -3,6 +3,8 @@ removed for sites without racky) decides what is used and when `feedforward_sour
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
@@ -24,11 +26,50 @@ def test_rack_power_primary_falls_back_to_heat_removed() -> None:
 
 def test_heat_removed_primary_ignores_rack_power_and_needs_no_fallback_flag() -> None:
     ff = DynamicFeedforward(FeedforwardSettings(source="heat_removed", fallback_heat_removed=False))
-    ff.update(0.0, _s("rack_power_w", 100_000.0, 0.0), _s("heat_removed_kw", 85.0, 0.0))
+    ff.update(0.0, _s("rack_power_w", 100_000.0, 0.0), _s("heat_removed_kw", 85.0, 0.0), 0.8)
     assert ff.source == "heat_removed"
-    assert ff.power_kw == pytest.approx(85.0 / 0.85)
+    assert ff.power_kw == pytest.approx(85.0 / 0.8)
     ff.update(10.0, None, _s("heat_removed_kw", 85.0, 0.0))
     assert ff.source == "none"  # its own primary stale: nothing
+
+
+@pytest.mark.parametrize("learned", [0.6, 0.92, 1.0])
+def test_heat_removed_uses_the_liquid_fraction_learned_from_the_plant(learned: float) -> None:
+    """No liquid fraction of its own (the nominal plant's 0.85 was one): the heat removed is
+    turned into rack power with the fraction the capacity guard learned; a configured value
+    overrides it; a nonsensical one (0, NaN) is not used."""
+    heat = _s("heat_removed_kw", 90.0, 0.0)
+    ff = DynamicFeedforward(FeedforwardSettings(source="heat_removed"))
+    assert FeedforwardSettings().liquid_fraction is None
+    ff.update(0.0, None, heat, learned)
+    assert ff.power_kw == pytest.approx(90.0 / learned)
+    fixed = DynamicFeedforward(FeedforwardSettings(source="heat_removed", liquid_fraction=0.75))
+    fixed.update(0.0, None, heat, learned)
+    assert fixed.power_kw == pytest.approx(120.0)
+    for bad in (0.0, float("nan")):
+        ff.update(1.0, None, _s("heat_removed_kw", 90.0, 1.0), bad)
+        assert ff.power_kw == pytest.approx(90.0)
+
+
+def test_the_core_feeds_the_learned_liquid_fraction_to_the_feedforward(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from valvey.config import CduPoints, ControlSettings
+    from valvey.core.controller import ValveyCore
+    from valvey.core.supply_loop_settings import SupplyLoopSettings
+
+    core = ValveyCore(SupplyLoopSettings(), CduPoints(), ControlSettings(), 0.0)
+    seen: list[float] = []
+    real = core.ff.update
+
+    def spy(now: float, rack: Any, heat: Any, f_liq: float = 1.0) -> float:
+        seen.append(f_liq)
+        return real(now, rack, heat, f_liq)
+
+    monkeypatch.setattr(core.ff, "update", spy)
+    core.capacity.liquid._ratio.update(0.93)  # as if learned at steady state
+    core.capacity.liquid._ratio.n = 10**6
+    core.step(1.0, {})
+    assert seen and seen[-1] == pytest.approx(0.93)
 
 
 def test_unknown_source_refused() -> None:
@@ -64,7 +105,7 @@ def test_row_cdu_sums_every_rack_and_reads_the_map_per_rack() -> None:
 def test_row_cdu_rack_without_a_fresh_power_falls_back_never_0_w(bad: str) -> None:
     ff = DynamicFeedforward(FeedforwardSettings(racks=ROW))
     heat = _s("heat_removed_kw", 229.5, 10.0)  # 270 kW at 85 % to liquid
-    ff.update(0.0, _row(40_000.0, 100_000.0, 130_000.0), heat)
+    ff.update(0.0, _row(40_000.0, 100_000.0, 130_000.0), heat, 0.85)
     row = _row(40_000.0, 100_000.0, 130_000.0, t=10.0)
     if bad == "stale":
         row[1] = _s("rack_power_w.r2", 100_000.0, 0.0)  # 10 s old
@@ -72,7 +113,7 @@ def test_row_cdu_rack_without_a_fresh_power_falls_back_never_0_w(bad: str) -> No
         row[1] = None
     else:
         row[1] = Sample("rack_power_w.r2", 1e9, "W", 0, 10.0, Quality.OUT_OF_RANGE)
-    ff.update(10.0, row, heat)
+    ff.update(10.0, row, heat, 0.85)
     assert ff.source == "heat_removed" and ff.missing_racks == ["r2"]
     assert ff.power_kw == pytest.approx(270.0 / 3)  # the whole row's heat, per rack
     # without the CDU's heat figure: nothing fresh, the filter holds (no fall to 170 kW)

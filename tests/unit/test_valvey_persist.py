@@ -222,7 +222,7 @@ async def test_learned_stroke_and_feedforward_map_survive_a_restart(tmp_path: Pa
     # reset by command: back to the cold-start prior and the rated stroke; the next save
     # says so
     await command(again, "reset_learned", {})
-    assert again.core.valves.stroke_time_s(0) == cfg.valves.stroke_time_s
+    assert again.core.valves.stroke_time_s(0) == cfg.valves.stroke_prior_s
     assert not again.core.ff.map_learned
     assert again.core.valves.learned_rest() == {}
     again._save_state_now()

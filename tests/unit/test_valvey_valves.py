@@ -59,7 +59,7 @@ class Bench:
 
 @pytest.mark.parametrize("stroke_s", [90.0, 120.0, 300.0])
 def test_slow_valve_is_never_declared_stuck_and_its_stroke_is_learned(stroke_s: float) -> None:
-    b = Bench((stroke_s, 60.0))
+    b = Bench((stroke_s, 60.0), stroke_time_s=60.0)  # the data sheet says 60 s
     for demand in (90.0, 20.0, 80.0):  # full-range moves far slower than the rated 60 s
         b.run(stroke_s, demand)
     assert b.m.failed == {}
@@ -72,9 +72,24 @@ def test_slow_valve_is_never_declared_stuck_and_its_stroke_is_learned(stroke_s: 
         stroke_s, rel=0.05)
 
 
+def test_without_a_rating_the_stroke_is_learned_and_no_valve_is_called_slow() -> None:
+    """No data-sheet stroke (the default: the simulated plant's 60 s was one): the cold
+    estimate is the short stroke_prior_s, the valve's own stroke is learned, a slow valve
+    is never stuck, and "slow" has no reference to be judged by."""
+    assert ValveSettings().stroke_time_s is None
+    for stroke_s in (15.0, 60.0, 120.0):
+        b = Bench((stroke_s, 60.0))
+        assert b.m.stroke_time_s(0) == ValveSettings().stroke_prior_s
+        for demand in (90.0, 20.0, 80.0):
+            b.run(stroke_s, demand)
+        assert b.m.failed == {}, stroke_s
+        assert b.m.stroke_time_s(0) == pytest.approx(stroke_s, rel=0.05)
+        assert not b.conditions["valve_actuator_slow:a"]
+
+
 def test_a_valve_at_its_rated_speed_or_faster_raises_no_slow_alarm() -> None:
     for stroke_s in (30.0, 60.0):
-        b = Bench((stroke_s, 60.0))
+        b = Bench((stroke_s, 60.0), stroke_time_s=60.0)
         b.run(90.0, 95.0)
         b.run(90.0, 5.0)
         assert not b.conditions["valve_actuator_slow:a"], stroke_s
@@ -124,13 +139,15 @@ def test_learned_stroke_persists_within_bounds_and_resets() -> None:
     learned = b.m.learned()
     assert learned["a"] == pytest.approx(120.0, rel=0.05)
     fresh = Bench()
-    assert fresh.m.stroke_time_s(0) == 60.0
+    prior = ValveSettings().stroke_prior_s
+    assert fresh.m.stroke_time_s(0) == prior
     assert fresh.m.restore_learned({"a": learned["a"], "b": 1e9, "c": 50.0}) == ["a"]
     assert fresh.m.stroke_time_s(0) == learned["a"]
-    assert fresh.m.stroke_time_s(1) == 60.0  # 1e9 s is outside stroke_max_s
+    assert fresh.m.stroke_time_s(1) == prior  # 1e9 s is outside stroke_max_s
     assert fresh.m.restore_learned({"a": "slow", "b": True, "x": float("nan")}) == []
     fresh.m.reset_learned()
-    assert fresh.m.stroke_time_s(0) == 60.0 and fresh.m.learned() == {}
+    assert fresh.m.stroke_time_s(0) == prior and fresh.m.learned() == {}
+    assert Bench(stroke_time_s=90.0).m.stroke_time_s(0) == 90.0  # a rating: the cold one
 
 
 def test_a_stuck_valve_teaches_no_stroke_time() -> None:

@@ -88,7 +88,15 @@ class CapacitySettings(StrictModel):
     """Derating requests (module docstring)."""
 
     enabled: bool = Field(True, description="ask racky for caps (false: alarms only)")
-    rack_max_power_w: float = Field(132_000.0, gt=0, description="REFERENCE §4.3: 132 kW")
+    rack_max_power_w: float | None = Field(
+        None, gt=0, description="the rack's maximum IT power, W: a nameplate figure from the "
+        "rack vendor's spec, the site's to give (REFERENCE §1.1: GB200 NVL72 ≈120-132 kW, "
+        "GB300 ≈120-142 kW, Vera Rubin 130-230 kW [S2]). The no-standby and low-flow caps are "
+        "shares of it and a cap is released once it has risen to it. None: unknown "
+        "(--check-config warns): the highest rack power racky has published since start "
+        "stands in for it, never above the true maximum (a cap that is a share of it is the "
+        "lower: the safe side); before any, min_cap_w"
+    )
     min_cap_w: float = Field(
         26_000.0, gt=0, description="lowest cap asked: the node agents refuse per-GPU caps "
         "below their minimum power limit (sims: 200 W per GPU → ≈ 25 kW per rack) [U]"
@@ -285,7 +293,9 @@ class LiquidFraction:
 
     @property
     def learned(self) -> bool:
-        return self._ratio.n >= self.s.liquid_steady_s
+        """A steady window of ``liquid_steady_s`` has passed and its ratio has been averaged
+        for a quarter of that again (the inputs are already 30 s averages at the default)."""
+        return self._ratio.n >= self.s.liquid_steady_s / 4.0
 
     @property
     def value(self) -> float:
@@ -366,6 +376,7 @@ class CapacityGuard:
         self._pv_slow: float | None = None  # the supply, averaged over ≈ 15 s
         self._corr_pv: float | None = None  # _pv_avg at the last correction period
         self._trim_pv: float | None = None  # _pv_avg at the last trim period
+        self._seen_max_w: float | None = None  # highest rack power seen (rack_max_w)
 
     def observe(self, facility_c: float | None, flow_lpm: float | None,
                 heat_removed_kw: float | None, return_c: float | None) -> None:
@@ -456,6 +467,7 @@ class CapacityGuard:
             self._pv_slow = pv_c if self._pv_slow is None else self._pv_slow + min(
                 1.0, dt / 15.0) * (pv_c - self._pv_slow)
         self.liquid.update(now, heat_removed_kw, rack_power_w, pv_c)
+        rack_max_w = self.rack_max_w(rack_power_w)  # counts this step's power
         f_liq = self.liquid.value
         # the stuck valve's conductance, smoothed like k_open (the raw ratio carries the
         # sensors' noise, and a cap lowered at once on every dip ratchets down on it)
@@ -516,11 +528,11 @@ class CapacityGuard:
                 "valve_stuck" in self.reasons):
             caps["valve_stuck"] = est if est is not None else self.cap_w
         if no_standby:
-            caps["no_standby_pump"] = s.no_standby_cap_fraction * s.rack_max_power_w
+            caps["no_standby_pump"] = s.no_standby_cap_fraction * rack_max_w
         if low_flow:
-            caps["low_flow"] = s.low_flow_cap_fraction * s.rack_max_power_w
+            caps["low_flow"] = s.low_flow_cap_fraction * rack_max_w
         if over_temperature:
-            p = rack_power_w if rack_power_w is not None else s.rack_max_power_w
+            p = rack_power_w if rack_power_w is not None else rack_max_w
             c = s.overtemp_cap_fraction * p
             caps["over_temperature"] = min(c, est) if est is not None else c
         if caps:
@@ -555,9 +567,9 @@ class CapacityGuard:
                 self.cap_w = max(s.min_cap_w, est)  # follow the capacity down (T_fws rising)
             rising_ok = pv_c is None or pv_c <= hold_c + 0.3
             if rising_ok and now - self._clear_since >= s.release_hold_s:
-                top = s.rack_max_power_w if est is None else est
+                top = rack_max_w if est is None else est
                 self.cap_w = max(self.cap_w, min(top, self.cap_w + s.raise_w_per_s * dt))
-            if self.cap_w >= s.rack_max_power_w - 1e-6 and (
+            if self.cap_w >= rack_max_w - 1e-6 and (
                     now - self._clear_since >= s.release_hold_s):
                 self.cap_w = None
                 self.engaged_t = None
@@ -575,5 +587,16 @@ class CapacityGuard:
         if self.cap_w is not None:
             return self.cap_w
         p = rack_power_w if rack_power_w is not None and math.isfinite(rack_power_w) else (
-            self.s.rack_max_power_w)
+            self.rack_max_w(None))
         return 0.9 * p
+
+    def rack_max_w(self, rack_power_w: float | None) -> float:
+        """The rack's maximum power [W]: ``rack_max_power_w`` when configured; else the
+        highest rack power seen so far (``rack_power_w`` [W], this step's, counted), never
+        above the true maximum; before any, ``min_cap_w`` (every cap at its floor)."""
+        if self.s.rack_max_power_w is not None:
+            return self.s.rack_max_power_w
+        if rack_power_w is not None and math.isfinite(rack_power_w) and (
+                rack_power_w > (self._seen_max_w or 0.0)):
+            self._seen_max_w = rack_power_w
+        return self._seen_max_w if self._seen_max_w is not None else self.s.min_cap_w

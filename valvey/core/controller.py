@@ -354,7 +354,8 @@ class ValveyCore:
         if self._t_ff is None or now - self._t_ff >= period - 0.05:
             self._t_ff = now
             self._ff_pct = self.ff.update(now, self.ff.rack_input(samples, cfg.safety.rack_power),
-                                          samples.get(pts.heat_removed or ""))
+                                          samples.get(pts.heat_removed or ""),
+                                          self.capacity.liquid.value)
             self._selector(now, samples)
         loop = self.loop
         if ss.isolated != loop.held:

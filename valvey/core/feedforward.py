@@ -30,7 +30,8 @@ number of racks (the mean rack power; the heat_removed fallback likewise). The f
 the state's ``power_kw`` / ``filtered_kw`` and the learned map are then per rack.
 
 Source selection: racky's rack power while fresh (``stale_after_s``); otherwise the CDU's
-heat-removed figure (``heat_removed_kw`` / liquid fraction), which lags the load by the
+heat-removed figure (``heat_removed_kw`` / the liquid fraction, learned from the plant by
+`valvey.core.capacity`), which lags the load by the
 loop's own delays (so no extra delay is applied to it); otherwise the filter holds its last
 value (the loop goes on as PID-only from there). A source change feeds the same filter, so
 the FF never jumps.
@@ -129,8 +130,11 @@ class FeedforwardSettings(StrictModel):
         True, description="use the CDU's heat_removed_kw / liquid_fraction when rack power is "
         "stale (it already lags: no delay applied)"
     )
-    liquid_fraction: float = Field(
-        0.85, gt=0, le=1, description="share of IT power to liquid (REFERENCE §1.1, §4.3 [U])"
+    liquid_fraction: float | None = Field(
+        None, gt=0, le=1, description="share of IT power to liquid for the heat_removed "
+        "source, 0-1. None (default): the one the capacity guard uses, learned from the plant "
+        "as heat removed / rack power at steady state (capacity.liquid_fraction until then); "
+        "a value here overrides it"
     )
     adapt_map: bool = Field(
         True, description="adapt valve_map online from the steady states seen (valve_map is "
@@ -242,9 +246,14 @@ class DynamicFeedforward:
         return ys[i] + (ys[i + 1] - ys[i]) * (power_kw - xs[i]) / (xs[i + 1] - xs[i])
 
     def update(self, now: float, rack_power: Sample | Sequence[Sample | None] | None,
-               heat_removed: Sample | None) -> float:
+               heat_removed: Sample | None, liquid_fraction: float = 1.0) -> float:
         """Feed the inputs at monotonic time ``now`` [s]; returns the FF term [%] (0 when
         disabled or before any input).
+
+        ``liquid_fraction`` (0-1): the share of the rack power reaching the liquid, which turns
+        the heat_removed source [kW] into rack power; the caller passes the one it learned
+        (`valvey.core.capacity.LiquidFraction`); ``settings.liquid_fraction``, when set,
+        overrides it. Outside (0, 1.05] it is not used (1.0 then).
 
         ``rack_power``: the rack's power sample [W], or on a row CDU one sample (or None)
         per rack of ``settings.racks``, in that order: their sum while every one is fresh,
@@ -266,7 +275,10 @@ class DynamicFeedforward:
         elif ((s.fallback_heat_removed or s.source == "heat_removed") and heat_removed is not None
               and heat_removed.fresh(now, s.stale_after_s)):
             assert heat_removed.value is not None
-            p_kw = max(0.0, heat_removed.value) / s.liquid_fraction / per
+            f_liq = s.liquid_fraction if s.liquid_fraction is not None else liquid_fraction
+            if not 0.0 < f_liq <= 1.05:  # NaN too
+                f_liq = 1.0
+            p_kw = max(0.0, heat_removed.value) / f_liq / per
             self.source = "heat_removed"
             delayed = False
         else:

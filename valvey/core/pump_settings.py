@@ -103,8 +103,12 @@ class PumpLoopSettings(StrictModel):
         300.0, gt=0, description="highest DP setpoint a command may set, kPa (REFERENCE §1.4 "
         "0.5–3 bar [S2]); must stay below max_pressure_kpa (the protective maximum)"
     )
-    flow_setpoint_lpm: float = Field(198.0, gt=0, description="1.5 L/min/kW × 132 kW; within "
-                                     "[flow_setpoint_min_lpm, flow_setpoint_max_lpm]")
+    flow_setpoint_lpm: float | None = Field(
+        None, gt=0, description="the flow setpoint of mode 'flow', L/min: the site's (the "
+        "rack vendor's design flow, REFERENCE §1.4: 1.5 L/min per kW of rack power, 1.2-2.0 "
+        "in use), within [flow_setpoint_min_lpm, flow_setpoint_max_lpm]; required in mode "
+        "'flow', unused in 'diff_pressure'"
+    )
     flow_setpoint_min_lpm: float = Field(
         50.0, gt=0, description="lowest flow setpoint a command may set, L/min (Vertiv CDU 600 "
         "flow setpoint range 50–500 L/min, REFERENCE §1.5 [S])"
@@ -160,6 +164,9 @@ class PumpLoopSettings(StrictModel):
         if not self.flow_setpoint_min_lpm < self.flow_setpoint_max_lpm:
             raise ValueError(f"flow_setpoint_min_lpm = {self.flow_setpoint_min_lpm:g} must be "
                              f"below flow_setpoint_max_lpm = {self.flow_setpoint_max_lpm:g}")
+        if self.mode == "flow" and self.flow_setpoint_lpm is None:
+            raise ValueError("pump_loop.mode 'flow' needs flow_setpoint_lpm: the rack's design "
+                             "flow from its vendor (REFERENCE §1.4: 1.5 L/min per kW)")
         lo, hi, name, unit = self.setpoint_limits
         if not lo <= self.setpoint <= hi:
             raise ValueError(f"{name} = {self.setpoint:g} {unit} is outside [{lo:g}, {hi:g}] "
@@ -178,7 +185,9 @@ class PumpLoopSettings(StrictModel):
     @property
     def setpoint(self) -> float:
         """The configured setpoint of the chosen mode (kPa or L/min)."""
-        return self.dp_setpoint_kpa if self.mode == "diff_pressure" else self.flow_setpoint_lpm
+        if self.mode == "diff_pressure" or self.flow_setpoint_lpm is None:  # None: validated
+            return self.dp_setpoint_kpa
+        return self.flow_setpoint_lpm
 
 
 Constraint = Literal["diff_pressure", "flow", "max_pressure", "min_speed", "max_speed",

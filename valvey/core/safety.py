@@ -25,7 +25,8 @@ tick on their own inputs):
   facility valves are forced fully open (while the supply is at or above setpoint +
   ``overtemp_clear_k``, or unknown) and racky is asked for a cap; cleared below setpoint
   + ``overtemp_clear_k`` for ``overtemp_clear_s``;
-* low flow: flow < ``low_flow_fraction`` of design for ``low_flow_delay_s`` (outside a pump
+* low flow: flow < ``low_flow_fraction`` of design (the site's ``design_flow_lpm``, else
+  learned: `valvey.core.design_flow`) for ``low_flow_delay_s`` (outside a pump
   changeover) → a cap; flow < ``no_flow_fraction`` for ``no_flow_delay_s`` → ``power_down_rack``
   (REFERENCE §4.5: slowdown ≈ 5 s and GPU shutdown ≈ 16 s after flow loss);
 * rate of rise of the supply > ``rise_k_per_s`` for ``rise_s`` (REFERENCE §3.4: loss of heat
@@ -49,6 +50,7 @@ from pydantic import Field, model_validator
 
 from rackplane.config import StrictModel
 from rackplane.core.samples import Sample, fresh_value
+from valvey.core.design_flow import DesignFlow
 
 __all__ = ["Safety", "SafetySettings", "SafetyStep"]
 
@@ -79,7 +81,13 @@ class SafetySettings(StrictModel):
     overtemp_delay_s: float = Field(5.0, ge=0)
     overtemp_clear_k: float = Field(2.0, ge=0)
     overtemp_clear_s: float = Field(60.0, ge=0)
-    design_flow_lpm: float = Field(198.0, gt=0, description="REFERENCE §4.3")
+    design_flow_lpm: float | None = Field(
+        None, gt=0, description="the loop's design flow the low/no-flow interlocks and the "
+        "flow warning judge against, L/min: the site's figure (the rack vendor's; REFERENCE "
+        "§1.4: 1.5 L/min per kW, 1.2-2.0 in use). None: learned from the plant, the highest "
+        "steady flow delivered while healthy (valvey.core.design_flow; before it, the highest "
+        "flow seen), never followed down"
+    )
     low_flow_fraction: float = Field(0.5, gt=0, lt=1)
     low_flow_delay_s: float = Field(2.0, ge=0)
     no_flow_fraction: float = Field(0.15, gt=0, lt=1)
@@ -187,6 +195,7 @@ class Safety:
         self._none = _Timer()
         self._warn = _Timer()
         self._rise = _Timer()
+        self.design_flow = DesignFlow(settings.design_flow_lpm)
         self._last_pv: tuple[float, float] | None = None
         self._levels: deque[tuple[float, float]] = deque()
         self._pending: list[str] = []
@@ -308,8 +317,10 @@ class Safety:
         if lk.rack_tier is not None:
             wants["power_down_rack"] = ("power_down_rack", {"reason": f"leak: {lk.rack_tier}"})
         # --- no flow: an orderly power-down beats a thermal shutdown ---
-        flow_frac = None if flow_lpm is None else flow_lpm / s.design_flow_lpm
         isolated_now = lk.isolation in ("closing", "closed")
+        self.design_flow.update(now, flow_lpm, healthy=not pump_handoff and lk.isolation == "open")
+        design = self.design_flow.value_lpm
+        flow_frac = None if flow_lpm is None or design is None else flow_lpm / design
         no_flow = self._none.hold(
             flow_frac is not None and flow_frac < s.no_flow_fraction and not isolated_now,
             now, s.no_flow_delay_s)

@@ -61,6 +61,7 @@ from rackplane.core.envelope import MAX_INPUT_BYTES, JsonError, read_json
 from rackplane.core.names import check_topic_levels
 from rackplane.core.plausibility import IMPLAUSIBLE
 from rackplane.core.samples import Quality, Sample, good, invalid, make_sample, slots_constructor
+from valvey.core.design_flow import DesignFlow
 
 __all__ = [
     "SensorMap",
@@ -278,7 +279,11 @@ class SupplySensorSettings(StrictModel):
     min_flow_fraction: float = Field(
         0.3, ge=0, le=1, description="no energy balance below this share of design flow"
     )
-    design_flow_lpm: float = Field(198.0, gt=0, description="REFERENCE §4.3: 3.3 L/s")
+    design_flow_lpm: float | None = Field(
+        None, gt=0, description="design flow min_flow_fraction is a share of, L/min: the "
+        "site's figure; None: learned from the plant, the highest steady flow seen "
+        "(valvey.core.design_flow)"
+    )
     coolant_rho_c_kj_per_l_k: float = Field(4.03, gt=0, description="PG25 (REFERENCE §1.4)")
     readmit_k: float = Field(0.3, gt=0)
     readmit_s: float = Field(60.0, ge=0)
@@ -354,6 +359,7 @@ class SupplyVoter:
         self._t_last: float | None = None
         self._t_rel: float | None = None
         self._est: float | None = None
+        self.design_flow = DesignFlow(settings.design_flow_lpm)
         self._last: VoterResult | None = None
 
     @property
@@ -416,6 +422,8 @@ class SupplyVoter:
         if rel:
             dt = 0.0 if self._t_rel is None else now - self._t_rel
             self._t_rel = now
+            self.design_flow.update(now, None if flow_lpm is None or not flow_lpm.usable
+                                    else flow_lpm.value)
             est = self._estimate(return_temp, heat_removed_kw, flow_lpm)
             self._est = est
         else:
@@ -501,7 +509,8 @@ class SupplyVoter:
         if not (ret.usable and heat.usable and flow.usable):
             return None
         assert ret.value is not None and heat.value is not None and flow.value is not None
-        if flow.value < s.min_flow_fraction * s.design_flow_lpm:
+        design = self.design_flow.value_lpm
+        if design is None or flow.value < s.min_flow_fraction * design:
             return None
         cs = s.coolant_rho_c_kj_per_l_k * flow.value / 60.0
         return ret.value - heat.value / cs

@@ -21,13 +21,15 @@ least ``travel_gap_pct`` from the feedback the actuator runs at full speed; ever
 ``stroke_sample_pct`` of such travel gives one sample (travel time / distance × 100 %),
 averaged 1:1 into the estimate, bounded to [``stroke_min_s``, ``stroke_max_s``]; travel that
 makes no progress teaches nothing. The expected position uses the learned stroke (cold: the
-configured ``stroke_time_s``, the actuator's rating). ``valve_actuator_slow:<valve>`` is
-raised while the learned stroke exceeds ``stroke_time_s × slow_ratio``. The estimates are in
-`ValveManager.state` (``units[].stroke_time_s``, ``stroke_learned``), `learned` /
-`restore_learned` (persistence) and `reset_learned`. The positioner's static characteristic
-is learned too, at rest (command and feedback still): the mean feedback − command offset and
-the scatter about it (dead band, backlash) (``units[].rest_offset_pct`` / ``rest_band_pct``;
-`learned_rest` / `restore_learned_rest`); it is reported, not used by the check.
+configured ``stroke_time_s``, the actuator's rating from its data sheet, else the short
+``stroke_prior_s``: never the simulated plant's 60 s). ``valve_actuator_slow:<valve>`` is
+raised while the learned stroke exceeds ``stroke_time_s × slow_ratio`` (with a rating only).
+The estimates are in `ValveManager.state` (``units[].stroke_time_s``, ``stroke_learned``),
+`learned` / `restore_learned` (persistence) and `reset_learned`. The positioner's static
+characteristic is learned too, at rest (command and feedback still): the mean feedback −
+command offset and the scatter about it (dead band, backlash) (``units[].rest_offset_pct`` /
+``rest_band_pct``; `learned_rest` / `restore_learned_rest`); it is reported, not used by the
+check.
 
 Failover (``second_valve = true`` and the other valve healthy): the spare takes the loop's
 demand at once (REFERENCE §2.2: pre-set the standby actuator to the last good output), the
@@ -77,10 +79,18 @@ class ValveSettings(StrictModel):
     )
     second_position: str | None = Field("valve_b_position_pct")
     second_valve: bool = Field(True, description="fail over to the second valve")
-    stroke_time_s: float = Field(
-        60.0, gt=0, le=600, description="the actuator's rated full-stroke time, s (its data "
-        "sheet; REFERENCE §1.7, §4.3): the cold-start estimate until one is learned, and the "
-        "reference a slow actuator is measured against"
+    stroke_time_s: float | None = Field(
+        None, gt=0, le=600, description="the actuator's rated full-stroke time, s: its data "
+        "sheet's, the site's to give (REFERENCE §1.5: Belimo 90 s): the reference a slow "
+        "actuator is measured against (valve_actuator_slow) and the cold-start estimate "
+        "until one is learned. None: no rating: no slow alarm, and stroke_prior_s is the "
+        "cold-start estimate"
+    )
+    stroke_prior_s: float = Field(
+        30.0, gt=0, le=600, description="cold-start stroke estimate with no stroke_time_s, s, "
+        "until one is learned from the valve's own response: short, the conservative side "
+        "(the expected position runs ahead of a slower valve, so a stuck one is seen sooner; "
+        "a slower valve that keeps moving is never stuck: stuck_no_motion_s) [U]"
     )
     mismatch_pct: float = Field(10.0, gt=0, le=50, description="REFERENCE §1.5/§8: 10 %")
     confirm_s: float = Field(
@@ -119,13 +129,15 @@ class ValveSettings(StrictModel):
     )
     slow_ratio: float = Field(
         1.25, gt=1, le=10, description="valve_actuator_slow:<valve> while the learned stroke "
-        "exceeds stroke_time_s × this"
+        "exceeds stroke_time_s × this (no alarm without stroke_time_s)"
     )
 
     @model_validator(mode="after")
     def _bounds(self) -> ValveSettings:
-        if not self.stroke_min_s <= self.stroke_time_s <= self.stroke_max_s:
-            raise ValueError("valves: need stroke_min_s <= stroke_time_s <= stroke_max_s")
+        for name, v in (("stroke_time_s", self.stroke_time_s),
+                        ("stroke_prior_s", self.stroke_prior_s)):
+            if v is not None and not self.stroke_min_s <= v <= self.stroke_max_s:
+                raise ValueError(f"valves: need stroke_min_s <= {name} <= stroke_max_s")
         return self
 
 
@@ -328,6 +340,7 @@ class ValveManager:
             cond[aid] = i in self._failed
             st = self._checks[i].stroke_s
             cond[self._slow_ids[u.name]] = (st is not None and i not in self._failed
+                                            and s.stroke_time_s is not None
                                             and st > s.stroke_time_s * s.slow_ratio)
         cond["valve_failover"] = self._active != 0
         cond["valve_no_spare"] = self._active in self._failed
@@ -416,9 +429,12 @@ class ValveManager:
 
     def stroke_time_s(self, index: int) -> float:
         """The stroke time the expected position of valve ``index`` uses, s: the learned one
-        when there is one, else the configured ``stroke_time_s``."""
+        when there is one, else the configured ``stroke_time_s``, else ``stroke_prior_s``."""
         st = self._checks[index].stroke_s
-        return self.s.stroke_time_s if st is None or not self.s.learn_stroke else st
+        if st is not None and self.s.learn_stroke:
+            return st
+        return self.s.stroke_time_s if self.s.stroke_time_s is not None else (
+            self.s.stroke_prior_s)
 
     def learned(self) -> dict[str, float]:
         """Learned stroke times by valve name, s (persisted by the daemon)."""
@@ -463,7 +479,7 @@ class ValveManager:
         return done
 
     def reset_learned(self) -> None:
-        """Forget the learned stroke times (back to the configured ``stroke_time_s``) and
+        """Forget the learned stroke times (back to the cold-start estimate) and
         rest characteristics."""
         for c in self._checks:
             c.stroke_s = c.rest_offset = c.rest_band = None
