@@ -44,18 +44,19 @@ from rich.table import Table
 from rich.text import Text
 
 from rackctl import cli
+from rackplane.cli import typer_app
 from rackplane.errors import ConfigError, MqttError
 
 __all__ = ["PlanRefused", "campaign_app", "load_plan", "render_report", "render_status"]
 
-campaign_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                           help="rlc's validation campaigns: start, status, abort, report.")
+campaign_app = typer_app(no_args_is_help=True,
+                         help="rlc's validation campaigns: start, status, abort, report.")
 cli.app.add_typer(campaign_app, name="campaign")
 
 RlcRackOpt = typer.Option("--rack", help="rlc's identity rack (topic level) [default: rlc]")
 RlcConfigOpt = typer.Option(
     "--rlc-config", help="rlc's config: its topology (the plan is checked against it) and "
-    "\\[fleet]/\\[campaign] (report: the record is read from the KV bucket)")
+    "[fleet]/[campaign] (report: the record is read from the KV bucket)")
 
 
 _CAMPAIGN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
@@ -203,7 +204,7 @@ def render_status(st: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
-@campaign_app.command("start")
+@campaign_app.command("start", short_help="Check a plan as rlc does, then start it.")
 def start(
     plan_file: Annotated[Path, typer.Argument(help="the plan (TOML or JSON)")],
     campaign_id: Annotated[str, typer.Option("--id", help="the campaign's name")],
@@ -226,7 +227,7 @@ def start(
     connect_timeout: cli.ConnectTimeoutOpt = None,
 ) -> None:
     """Validate PLAN as rlc does (exit 2 with the reason if it would refuse it), then send
-    ``campaign_start``. Exit 0 started, 1 refused by rlc, 2 bad plan or settings, 3 no
+    campaign_start. Exit 0 started, 1 refused by rlc, 2 bad plan or settings, 3 no
     broker or reply."""
     cli.configure_logging("error", "console")
     if not _CAMPAIGN_ID.fullmatch(campaign_id):
@@ -256,7 +257,7 @@ def start(
         _refused("campaign_start", reply)
 
 
-@campaign_app.command("status")
+@campaign_app.command("status", short_help="Per rack: stage, run, verdict, quarantine.")
 def status(
     json_out: cli.JsonOpt = False,
     config: cli.ConfigOpt = None,
@@ -274,8 +275,8 @@ def status(
     timeout: cli.TimeoutOpt = None,
     connect_timeout: cli.ConnectTimeoutOpt = None,
 ) -> None:
-    """Per rack: status, stage, run, verdict, quarantine reason (``campaign_status``). Exit 0
-    a campaign under way or finished, 1 none, aborted or refused, 2/3 as for ``cmd``."""
+    """Per rack: status, stage, run, verdict, quarantine reason (campaign_status). Exit 0
+    a campaign under way or finished, 1 none, aborted or refused, 2/3 as for rackctl cmd."""
     cli.configure_logging("error", "console")
     settings = _settings(config, rack, host=host, port=port, protocol=protocol,
                          username=username, ca_file=ca_file, cert_file=cert_file,
@@ -296,7 +297,7 @@ def status(
     raise typer.Exit(cli.EXIT_OK if ok else cli.EXIT_REFUSED)
 
 
-@campaign_app.command("abort")
+@campaign_app.command("abort", short_help="Abort the campaign under way.")
 def abort(
     reason: Annotated[str, typer.Option("--reason", help="why (logged, audited, recorded)")],
     request_id: Annotated[str | None, typer.Option(help="reuse an id to retry safely")] = None,
@@ -316,8 +317,8 @@ def abort(
     timeout: cli.TimeoutOpt = None,
     connect_timeout: cli.ConnectTimeoutOpt = None,
 ) -> None:
-    """Abort the campaign (``campaign_abort``): running validations aborted, nothing starts.
-    Exit 0 accepted, 1 refused (``no_campaign``...), 2/3 as for ``cmd``."""
+    """Abort the campaign (campaign_abort): running validations aborted, nothing starts.
+    Exit 0 accepted, 1 refused (no_campaign...), 2/3 as for rackctl cmd."""
     cli.configure_logging("error", "console")
     if len(reason) > 200:
         cli._fail("--reason: at most 200 characters", cli.EXIT_USAGE)
@@ -506,12 +507,12 @@ def _from_kv(rcfg: Any, servers: list[str] | None, timeout: float
     return summary, c.plan.model_dump(mode="json"), results
 
 
-@campaign_app.command("report")
+@campaign_app.command("report", short_help="Write the campaign report (Markdown, PNG).")
 def report(
     out: Annotated[Path, typer.Option("--out", help="folder for the Markdown page and PNG")],
     rlc_config: Annotated[Path | None, RlcConfigOpt] = None,
     server: Annotated[list[str] | None, typer.Option(
-        "--server", help="with --rlc-config: a NATS server URL (repeat; default: \\[fleet] "
+        "--server", help="with --rlc-config: a NATS server URL (repeat; default: [fleet] "
         "servers)")] = None,
     nats_timeout: Annotated[float, typer.Option(
         min=0.1, max=30.0, help="with --rlc-config: seconds per NATS request")] = 2.0,
@@ -530,8 +531,11 @@ def report(
     timeout: cli.TimeoutOpt = None,
     connect_timeout: cli.ConnectTimeoutOpt = None,
 ) -> None:
-    """Write the campaign's Markdown (+ PNG with --rlc-config) to --out (module docstring).
-    Exit 0 written, 1 no campaign (or rlc refused), 2 settings, 3 no broker / NATS."""
+    """Write the campaign's Markdown (+ PNG with --rlc-config) to --out.
+    Exit 0 written, 1 no campaign (or rlc refused), 2 settings, 3 no broker / NATS.
+
+    \f
+    What the page holds: the module docstring."""
     cli.configure_logging("error", "console")
     rcfg = _rlc_config(rlc_config)
     if rcfg is not None:
