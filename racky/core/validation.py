@@ -71,6 +71,10 @@ class ValidationSample:
     nic_ports: tuple[tuple[str, float], ...] = ()
     """Backend phase only: each NIC port's (name, throughput as a fraction of the rack's
     NIC line rate); () otherwise."""
+    thermal_protected: tuple[int, ...] = ()
+    """Tested trays (0-based) racky's thermal protection held at a protective cap in this
+    tick (`racky.core.thermal`): a tray that keeps its margin only because racky throttles
+    it cannot carry the load (a fouled cold plate, low flow) and fails "thermal under load"."""
     pre_fec_bin: tuple[int, float, tuple[tuple[str, float], ...]] | None = None
     """At the first tick after a pre-FEC bin closed: (bins closed so far, bin length in
     min, each port's (name, rate of that bin per min)); `ValidationRun.add` takes it into its
@@ -216,12 +220,16 @@ class ValidationRun:
         thr = max((s.throttled_gpus for s in self.samples), default=0)
         hot = max((s.hottest_tj_c for s in load if math.isfinite(s.hottest_tj_c)),
                   default=math.nan)
+        held = sorted({k for s in load for k in s.thermal_protected})
         crit.append(Criterion(
             "thermal under load",
-            math.isfinite(mm) and mm >= c.min_t_limit_margin_c and (c.allow_throttle or thr == 0),
-            f"min T.Limit margin {mm:.1f} K, hottest {hot:.1f} °C, throttled GPUs {thr}",
+            math.isfinite(mm) and mm >= c.min_t_limit_margin_c and (c.allow_throttle or thr == 0)
+            and not held,
+            f"min T.Limit margin {mm:.1f} K, hottest {hot:.1f} °C, throttled GPUs {thr}, "
+            f"trays held by thermal protection {len(held)}",
             f"margin >= {c.min_t_limit_margin_c:g} K"
-            + ("" if c.allow_throttle else ", no slowdown"),
+            + ("" if c.allow_throttle else ", no slowdown") + ", no tray held by protection",
+            tuple(f"tray:tray{k:02d}" for k in held),
         ))
         down = max((s.ports_down for s in self.samples), default=0)
         nal = len(self.link_alarm_ids)

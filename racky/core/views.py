@@ -85,6 +85,7 @@ def validation_sample(core: RackyCore, t_s: float, phase: str, trays: Sequence[i
         nvlink_fraction=nvl, nic_fraction_mean=nic_mean, nic_fraction_min=nic_min,
         ports_down=down, link_alarms=len(alarms), pre_fec_max_per_min=pre,
         nic_ports=nic_ports, pre_fec_bin=pre_bin,
+        thermal_protected=tuple(sorted(k for k in trays if k in core.thermal.protect)),
     )
     return s, alarms
 

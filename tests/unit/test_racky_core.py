@@ -188,6 +188,9 @@ def test_validation_quarantines_a_rack_with_a_fouled_cold_plate(tmp_path: Path) 
     assert runs[0].core.persisted.lifecycle.state == "quarantined"
     failed = {c.name for c in verdict.criteria if not c.passed}
     assert failed == {"thermal under load"}, verdict.criteria
+    # the part named is the fouled tray (racky held it at a protective cap), no other
+    thermal = next(c for c in verdict.criteria if c.name == "thermal under load")
+    assert thermal.parts == ("tray:tray02",), thermal
 
 
 def test_cap_drift_is_reasserted_and_alarmed_naming_the_tray() -> None:
