@@ -59,6 +59,7 @@ from racky.core.power import (
     CapAllocator,
     Derate,
     LimitState,
+    NonTrayEstimate,
     RequestedCap,
     ShelfView,
     TrayPowerView,
@@ -172,6 +173,7 @@ class RackyCore:
         self.last_sent: list[DesiredTray | None] = [None] * self.n_trays
         self.refused: dict[int, str] = {}
         self.non_tray_w = a.non_tray_power_w
+        self._non_tray = NonTrayEstimate(a.non_tray_power_w)
         self.other_share = a.other_share
         self.validation: ValidationRun | None = None
         self.last_result: ValidationResult | None = None
@@ -257,8 +259,7 @@ class RackyCore:
         # the learned figures' smoothing is per nominal tick: a tick run early (dt shorter)
         # moves them as much less (`_smoothing`); the first step counts as one tick
         if view.load_w is not None and all_fresh:
-            meas = max(view.load_w - tray_w, 0.0)
-            self.non_tray_w += _smoothing(0.2, ticks) * (meas - self.non_tray_w)
+            self.non_tray_w = self._non_tray.update(view.load_w - tray_w, ticks)
         on = fresh & tt.powered
         gsum = float(np.nansum(tt.gpu_power_w.reshape(self.n_trays, self.gpt)[on]))
         if gsum > 1000.0:

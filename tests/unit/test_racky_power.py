@@ -513,3 +513,31 @@ def test_a_tick_run_early_adds_no_sample_to_the_thermal_slope_fit() -> None:
     assert gapped[3] == pytest.approx(0.1)  # the early tick: the fit of 0, 1, 2 s
     assert every[3] > 4 * 0.1  # sampled: 0.8 K of jitter 0.05 s later: 5x the true slope
     assert gapped[4] == pytest.approx(np.polyfit([1.0, 2.0, 3.05], [60.1, 60.2, 60.3], 1)[0])
+
+
+def test_non_tray_estimate_ignores_a_skewed_tick_at_a_load_step_and_follows_a_real_change() -> None:
+    """Shelves and trays are read at different instants: at a 132 -> 40 kW step one tick's
+    shelves-minus-trays is the step (92 kW). The estimate must not move on one or two such
+    ticks (the plain average moved ~17 kW and capped every tray under a 140 kW budget), and
+    must follow a real, lasting change."""
+    from racky.core.power import NonTrayEstimate
+
+    est = NonTrayEstimate(4_000.0)
+    for _ in range(10):
+        est.update(4_000.0)
+    for spike in (92_000.0, 60_000.0):  # two skewed ticks in a row
+        est.update(spike)
+    assert est.value_w == pytest.approx(4_000.0)
+    for _ in range(3):
+        est.update(4_000.0)
+    assert est.value_w == pytest.approx(4_000.0)
+    # a real change (a switch powered on: +3 kW for good) is followed
+    for _ in range(30):
+        est.update(7_000.0)
+    assert est.value_w == pytest.approx(7_000.0, abs=50.0)
+    # a tick run early moves it as much less, never past the measurement
+    est2 = NonTrayEstimate(0.0, window=1)
+    est2.update(1_000.0, ticks=0.25)
+    assert 0.0 < est2.value_w < 0.2 * 1_000.0
+    with pytest.raises(ValueError):
+        NonTrayEstimate(0.0, alpha=0.0)
