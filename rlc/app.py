@@ -87,7 +87,8 @@ class Rlc(DaemonFrame[RlcConfig]):
         self.topo = compile_topology(cfg.topology)
         f = cfg.fleet
         self.state = FleetState(self.topo, cfg.leases, cfg.allocation, f.unreachable_after_s,
-                                f.reclaim_after_s, f.write_deadband_w)
+                                f.reclaim_after_s, f.write_deadband_w,
+                                cooling_max_w=f.cooling_max_w, cooling_hold_s=f.cooling_hold_s)
         self.counts = {"writes_ok": 0, "writes_refused": 0, "writes_unknown": 0,
                        "reads_failed": 0, "restores": 0, "cycles": 0}
         self._state_at = -float("inf")
