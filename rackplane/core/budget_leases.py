@@ -15,9 +15,9 @@ bucket is defined here.
   its floor, the lease (epoch, seq) it acknowledges and its cooling capacity now
   (``cooling_w``). Versioned (``version``, `REPORT_VERSION`): fields are only ever added, each
   new one optional, and a record without it (an older racky) decodes it as None = unknown;
-  version 1 records carry no ``version`` key and neither ``agents_safe_w`` nor ``cooling_w``. Native NATS subscribers never see
-  MQTT retained messages, so this state goes through the KV store, which survives rlc
-  restarts and leader changes.
+  version 1 records carry no ``version`` key and neither ``agents_safe_w`` nor ``cooling_w``.
+  Native NATS subscribers never see MQTT retained messages, so this state goes through the
+  KV store, which survives rlc restarts and leader changes.
 
 **Clocks.** A lease's times are rlc's wall clock (Unix s), as are a report's ``at_s`` racky's:
 hosts keep NTP/PTP time and ``clock_margin_s`` covers their offset (`budget_lease_valid`).

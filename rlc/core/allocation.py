@@ -10,8 +10,9 @@ budget lease; NaN: none yet), ``committed_w`` (the most it may still be drawing:
 `rlc.core.leases.RackLedger.committed_w`, the larger of its grant and every older, higher
 grant not yet released) and optionally ``cooling_w`` (the rack's reported cooling capacity,
 valvey's measurement through racky, as `rlc.core.cycle.FleetState.cooling_w` judged it fresh
-and plausible; NaN: none, the configured one alone applies; the cap takes the lower of both) and ``reserve_w`` (issue 17: what a validating rack's stage draws,
-``power_w`` of its campaign run, `rlc.campaign_driver.CampaignDriver.reserve_w`; NaN: none).
+and plausible; NaN: none, the configured one alone applies; the cap takes the lower of
+both) and ``reserve_w`` (issue 17: what a validating rack's stage draws, ``power_w`` of its
+campaign run, `rlc.campaign_driver.CampaignDriver.reserve_w`; NaN: none).
 
 **The target** (where the grants go when nothing holds them back), in this order:
 
