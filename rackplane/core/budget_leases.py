@@ -36,7 +36,8 @@ __all__ = ["DEFAULT_RACK_FLOOR_W", "REPORT_VERSION", "BudgetLease", "RackReport"
            "budget_key", "budget_lease_valid", "rack_key"]
 
 REPORT_VERSION = 2
-"""`RackReport`'s record version: 2 adds ``cooling_w`` (and the ``version`` key itself)."""
+"""`RackReport`'s record version: 2 adds ``cooling_w``, ``power_w`` (and the ``version`` key
+itself)."""
 
 DEFAULT_RACK_FLOOR_W = 40_000.0
 """The default safe floor of a rack, W (AC input): rlc's topology ``floor_w`` of its embedded
@@ -153,7 +154,10 @@ class RackReport:
     own facility-water derate works to (`racky.core.power.Derate.measured_capacity_w`), × the
     shelves' input ratio; None: not known now (valvey has not measured, its state is stale, or
     racky's derate does not use the measurement). Both absent in an older racky's record
-    (decoded as None). ``version``: the record's (`REPORT_VERSION`; 1 for a record without).
+    (decoded as None). ``power_w``: what the rack draws from its feed now (the shelves' AC
+    input, W, rounded to 100 W; None: not every shelf reports it), for rlc's telemetry only
+    (the allocation never uses it). ``version``: the record's (`REPORT_VERSION`; 1 for a
+    record without).
     """
 
     rack: str
@@ -166,6 +170,7 @@ class RackReport:
     at_s: float
     agents_safe_w: float | None = None
     cooling_w: float | None = None
+    power_w: float | None = None
     version: int = REPORT_VERSION
 
     def as_record(self) -> dict[str, Any]:
@@ -175,7 +180,7 @@ class RackReport:
                 "acked": None if self.acked is None else list(self.acked),
                 "lease_valid": self.lease_valid, "at_s": self.at_s,
                 "agents_safe_w": self.agents_safe_w, "cooling_w": self.cooling_w,
-                "version": self.version}
+                "power_w": self.power_w, "version": self.version}
 
     @classmethod
     def from_record(cls, d: dict[str, Any]) -> RackReport:
@@ -183,7 +188,7 @@ class RackReport:
         try:
             ack = d["acked"]
             dem, dr, sf = d["demand_w"], d["drawable_w"], d.get("agents_safe_w")
-            cw = d.get("cooling_w")
+            cw, pw = d.get("cooling_w"), d.get("power_w")
             return cls(rack=str(d["rack"]), demand_w=None if dem is None else float(dem),
                        budget_w=float(d["budget_w"]), floor_w=float(d["floor_w"]),
                        drawable_w=None if dr is None else float(dr),
@@ -191,6 +196,7 @@ class RackReport:
                        lease_valid=bool(d["lease_valid"]), at_s=float(d["at_s"]),
                        agents_safe_w=None if sf is None else float(sf),
                        cooling_w=None if cw is None else float(cw),
+                       power_w=None if pw is None else float(pw),
                        version=as_int(d.get("version", 1)))
         except (KeyError, TypeError, IndexError) as err:
             raise ValueError(f"rack report record: {err!r}") from None

@@ -33,8 +33,11 @@ from dataclasses import dataclass, field
 
 from rackplane.core.budget_leases import BudgetLease, RackReport, budget_lease_valid
 
-__all__ = ["COOLING_REPORT_STEP_W", "SAFE_REPORT_STEP_W", "BudgetFollower", "FleetSide",
-           "InputRatio"]
+__all__ = ["COOLING_REPORT_STEP_W", "POWER_REPORT_STEP_W", "SAFE_REPORT_STEP_W",
+           "BudgetFollower", "FleetSide", "InputRatio"]
+
+POWER_REPORT_STEP_W = 100.0
+"""``power_w`` is reported rounded to this step, W (telemetry; fewer report writes)."""
 
 COOLING_REPORT_STEP_W = 500.0
 """``cooling_w`` is reported rounded down to this step, W (the safe side: a capacity is never
@@ -68,6 +71,8 @@ class BudgetFollower:
     cooling_w: float | None = None
     """The rack's cooling capacity now, AC W (`RackReport.cooling_w`; set by
     `FleetSide.observe`; None: not known)."""
+    power_w: float | None = None
+    """The shelves' AC input now, W (`RackReport.power_w`; set by `FleetSide.observe`)."""
 
     def offer(self, lease: BudgetLease, now_mono_s: float) -> bool:
         """A lease read from the store: taken when for this rack and newer than the one held
@@ -119,7 +124,8 @@ class BudgetFollower:
                           budget_w=self.budget_w(now_wall_s, now_mono_s), floor_w=self.floor_w,
                           drawable_w=self.drawable_w, acked=self.acked,
                           lease_valid=self.valid(now_wall_s, now_mono_s), at_s=now_wall_s,
-                          agents_safe_w=self.agents_safe_w, cooling_w=self.cooling_w)
+                          agents_safe_w=self.agents_safe_w, cooling_w=self.cooling_w,
+                          power_w=self.power_w)
 
 
 @dataclass
@@ -176,6 +182,8 @@ class FleetSide:
         down to `COOLING_REPORT_STEP_W`; one not finite or < 0 is reported as unknown."""
         self.ratio.update(input_w, output_w, now_mono_s)
         r = self.ratio.value(now_mono_s)
+        self.follower.power_w = None if input_w is None or not math.isfinite(input_w) else \
+            round(input_w / POWER_REPORT_STEP_W) * POWER_REPORT_STEP_W
         self.follower.agents_safe_w = None if agents_safe_dc_w is None else \
             math.ceil(agents_safe_dc_w * r / SAFE_REPORT_STEP_W) * SAFE_REPORT_STEP_W
         self.follower.cooling_w = None if cooling_dc_w is None or not (
