@@ -10,7 +10,8 @@ Measurements (W unless named otherwise; a field not known now is left out of the
 - ``fleet_rack`` (tags ``hall``, ``fleet_row`` = ``<hall>/<row>``, ``fleet_rack``): ``grant_w``
   (the value of its current budget lease), ``committed_w`` (what it may still draw:
   `rlc.core.leases.RackLedger.committed_w`), ``demand_w`` and ``power_w`` (its report: what it
-  wants, what its shelves draw), ``cooling_w`` (the cooling capacity the allocator applies:
+  wants, what its shelves draw; power left out while the rack is unreachable: stale),
+  ``cooling_w`` (the cooling capacity the allocator applies:
   the lower of configured and reported, `rlc.core.cycle.FleetState.cooling_w`; left out with
   none), ``floor_w``, ``lease_expires_in_s`` (s until its current lease expires, rlc's wall
   clock; negative once expired), ``reachable`` (1/0);
@@ -53,7 +54,7 @@ def fleet_lines(state: FleetState, now_mono_s: float, wall_ns: int) -> list[TsLi
         known = [x for x in (reported, float(topo.cooling_w[i])) if not math.isnan(x)]
         grant = None if cur is None else cur.value_w
         committed = None if led is None else led.committed_w()
-        power = None if rep is None else _opt(rep.power_w)
+        power = None if rep is None or unreachable[i] else _opt(rep.power_w)
         lines.append(TsLine("fleet_rack", {"hall": hall, "fleet_row": row_id,
                                            "fleet_rack": rack}, {
             "grant_w": grant,

@@ -164,3 +164,17 @@ def test_a_zero_capacity_is_a_capacity_the_rack_falls_to_its_floor() -> None:
 def test_no_nominal_cooling_default_in_rlc() -> None:
     topo = compile_topology(RlcConfig().topology)
     assert all(math.isnan(c) for c in topo.cooling_w.tolist())
+
+
+def test_fleet_side_reports_the_shelves_ac_input_and_cooling_in_ac() -> None:
+    from racky.core.budget import BudgetFollower, FleetSide, InputRatio
+
+    f = BudgetFollower("r1", 20_000.0, 1.0)
+    side = FleetSide(f, InputRatio(1.10))
+    side.observe(50_000.0, 50_000.0, 52_340.0, 50_000.0, WALL, 0.0, cooling_dc_w=40_000.0)
+    rep = f.report(WALL, 0.0)
+    assert rep.power_w == 52_300.0                            # the AC input, to 100 W
+    assert rep.cooling_w == 41_500.0                          # 40 kW × 1.0468 = 41.87 kW, down
+    side.observe(50_000.0, 50_000.0, None, None, WALL, 1.0, cooling_dc_w=float("nan"))
+    rep = f.report(WALL, 1.0)
+    assert rep.power_w is None and rep.cooling_w is None
