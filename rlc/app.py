@@ -96,6 +96,7 @@ class Rlc(DaemonFrame[RlcConfig]):
         self.counts = {"writes_ok": 0, "writes_refused": 0, "writes_unknown": 0,
                        "reads_failed": 0, "restores": 0, "cycles": 0}
         self._state_at = -float("inf")
+        self._lines_at = -float("inf")
         self._mismatch: dict[str, list[str]] = {}
         self._resent_at = -float("inf")
         self._orders = 0
@@ -328,12 +329,14 @@ class Rlc(DaemonFrame[RlcConfig]):
     # --- the tick -------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        """While active: the fleet's time series every tick (`rlc.telemetry.fleet_lines`),
-        ``state/fleet`` every ``control.state_interval_s``."""
+        """While active: the fleet's time series every ``control.telemetry_interval_s``
+        (`rlc.telemetry.fleet_lines`), ``state/fleet`` every ``control.state_interval_s``."""
         if not self.is_active:
             return
-        self.write_lines(fleet_lines(self.state, now,
-                                     self.clock.wall_ns()))  # wall-clock: lease expiry, stamps
+        if now - self._lines_at >= self.cfg.control.telemetry_interval_s:
+            self._lines_at = now
+            self.write_lines(fleet_lines(self.state, now,
+                                         self.clock.wall_ns()))  # wall-clock: lease expiry, stamps
         if now - self._state_at < self.cfg.control.state_interval_s:
             return
         self._state_at = now
