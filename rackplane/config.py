@@ -300,7 +300,9 @@ def toml_value(v: Any) -> str | None:
         items = [toml_value(x) for x in v]
         return None if any(i is None for i in items) else "[" + ", ".join(items) + "]"  # type: ignore[arg-type]
     if isinstance(v, BaseModel):  # a model inside a table (e.g. a plausibility window)
-        v = v.model_dump()
+        # a field left None is omitted (TOML has no null): it loads back as its default,
+        # None wherever a model allows None (tests/unit/test_config_examples.py loads back)
+        v = v.model_dump(exclude_none=True)
     if isinstance(v, dict):
         parts = [(k, toml_value(x)) for k, x in v.items()]
         if any(r is None for _, r in parts):

@@ -23,6 +23,12 @@ budget: `racky.core.controller.RackyCore.fleet_budget_w`) and hands the step's r
 and the rack's demand). Cut off from the bucket, racky keeps the lease it has until it expires
 and then falls to ``floor_w`` by itself (`BudgetFollower.budget_w`).
 
+**Cooling capacity.** The report carries the rack's cooling capacity now (``cooling_w``, AC
+W): the P_max racky's facility-water derate works to from valvey's measured capacity
+(`racky.core.power.Derate.measured_capacity_w`), × the input ratio; None while valvey has not
+measured or its state is stale. rlc takes the lower of it and its configured figure
+(`rlc.core.cycle`).
+
 **Safe caps.** rlc counts on a rack whose racky went silent drawing at most its floor once the
 agents' cap TTL ran out: the agents then hold their safe caps. racky's config checks that with
 the safe cap it assumes (``agent_safe_gpu_cap_w``, `racky.fleet_settings.check_fleet`); the
@@ -199,8 +205,10 @@ class FleetLink:
                               assumed_w=self.settings.agent_safe_gpu_cap_w)
         self._safe_above = above
         self.stats["safe_cap_above_trays"] = len(above)
+        cooling = core.last.cooling_capacity_w if core.last is not None else None
         self._acked(self.side.observe(drawable, demand, inp, out, *self._now(),
-                                      agents_safe_dc_w=safe_dc), drawable)
+                                      agents_safe_dc_w=safe_dc, cooling_dc_w=cooling),
+                    drawable)
 
     def _acked(self, acked: bool, drawable_w: float | None) -> None:
         if acked:

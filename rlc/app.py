@@ -28,8 +28,11 @@ budget cycle serves each validating rack its stage's draw first (and reserves it
 waiting for power): `rlc.campaign_driver.CampaignDriver.reserve_w`, from the campaign as the
 previous cycle left it (none in a new tenure's first cycle).
 
-The tick publishes ``state/fleet`` (retained: per row limit, Σ committed, per rack grant,
-committed, seq, ack, demand, unreachable) every ``control.state_interval_s`` while active.
+The tick writes the fleet's time series while active (`rlc.telemetry`: per rack grant,
+committed, demand, power, cooling, lease expiry, reachable; per row limit and sums) through
+the frame's telemetry writer (``[tsdb]``, ``[spool]``), and publishes ``state/fleet``
+(retained: per row limit, Σ committed, per rack grant, committed, seq, ack, demand, cooling,
+unreachable) every ``control.state_interval_s`` while active.
 Counters ``writes_ok``, ``writes_refused``, ``writes_unknown``, ``reads_failed``,
 ``restores`` are in it and in the ``stopped`` log line; ``state/campaign`` (retained) too,
 with the campaign driver's counters.
@@ -55,6 +58,7 @@ from rlc.commands import register_rlc_commands
 from rlc.config import RlcConfig
 from rlc.core.cycle import BudgetWrite, FleetState
 from rlc.core.topology import compile_topology
+from rlc.telemetry import fleet_lines
 
 DAEMON = "rlc"
 
@@ -87,10 +91,12 @@ class Rlc(DaemonFrame[RlcConfig]):
         self.topo = compile_topology(cfg.topology)
         f = cfg.fleet
         self.state = FleetState(self.topo, cfg.leases, cfg.allocation, f.unreachable_after_s,
-                                f.reclaim_after_s, f.write_deadband_w)
+                                f.reclaim_after_s, f.write_deadband_w,
+                                cooling_max_w=f.cooling_max_w, cooling_hold_s=f.cooling_hold_s)
         self.counts = {"writes_ok": 0, "writes_refused": 0, "writes_unknown": 0,
                        "reads_failed": 0, "restores": 0, "cycles": 0}
         self._state_at = -float("inf")
+        self._lines_at = -float("inf")
         self._mismatch: dict[str, list[str]] = {}
         self._resent_at = -float("inf")
         self._orders = 0
@@ -323,8 +329,15 @@ class Rlc(DaemonFrame[RlcConfig]):
     # --- the tick -------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        """``state/fleet`` every ``control.state_interval_s`` while active."""
-        if not self.is_active or now - self._state_at < self.cfg.control.state_interval_s:
+        """While active: the fleet's time series every ``control.telemetry_interval_s``
+        (`rlc.telemetry.fleet_lines`), ``state/fleet`` every ``control.state_interval_s``."""
+        if not self.is_active:
+            return
+        if now - self._lines_at >= self.cfg.control.telemetry_interval_s:
+            self._lines_at = now
+            self.write_lines(fleet_lines(self.state, now,
+                                         self.clock.wall_ns()))  # wall-clock: lease expiry, stamps
+        if now - self._state_at < self.cfg.control.state_interval_s:
             return
         self._state_at = now
         self.mqtt.publish_state("fleet", {**self.state.summary(now), **self.counts})

@@ -29,6 +29,11 @@ class RlcControl(StrictModel):
     tick_s: float = Field(1.0, ge=0.1, le=10, description="tick (state/fleet publication), s")
     state_interval_s: float = Field(2.0, gt=0, le=600, description="retained state/fleet, s")
     stop_budget_s: float = Field(3.0, gt=0, le=30, description="time allowed at shutdown")
+    telemetry_interval_s: float = Field(
+        1.0, ge=0.1, le=600, allow_inf_nan=False,
+        description="the fleet's time series (fleet_rack, fleet_row; rlc/telemetry.py) are "
+        "written this often while leading, s (a line per rack and row: ~36 ms a write at "
+        "1,000 racks, measured; raise it on a large fleet)")
 
 
 class FleetKvSettings(NatsKvSettings):
@@ -50,6 +55,17 @@ class FleetKvSettings(NatsKvSettings):
     write_deadband_w: float = Field(100.0, ge=0, le=1e6, allow_inf_nan=False,
                                     description="a grant change smaller than this is not "
                                     "written (leases are still renewed at ttl_s / 3)")
+    cooling_max_w: float = Field(
+        1_000_000.0, gt=0, le=1e9, allow_inf_nan=False,
+        description="a rack's reported cooling capacity (racky: valvey's measurement) above "
+        "this is implausible and not used, W (racky's power.rack_capacity_w plausibility: "
+        "≤ 1 MW a rack); a plausible one caps the rack at the lower of it and the topology's "
+        "cooling_capacity_w")
+    cooling_hold_s: float = Field(
+        300.0, ge=0, le=86400, allow_inf_nan=False,
+        description="a rack's last plausible reported cooling capacity is kept this long once "
+        "its report is stale, lacks it or is implausible, s; then the topology's "
+        "cooling_capacity_w alone applies (none configured: no cooling limit)")
 
     @model_validator(mode="after")
     def _check(self) -> FleetKvSettings:
@@ -81,9 +97,10 @@ class CampaignSettings(StrictModel):
 def default_topology() -> TopologySettings:
     """The embedded example: one hall, one row of two racks, each with the shared default
     floor (`rackplane.core.budget_leases.DEFAULT_RACK_FLOOR_W`, racky's ``[fleet] floor_w``
-    default)."""
+    default), no configured cooling capacity (each rack's reported one applies: valvey's
+    measurement through racky)."""
     rack: dict[str, Any] = {"floor_w": DEFAULT_RACK_FLOOR_W, "max_w": 132_000.0,
-                            "priority": "normal", "cooling_capacity_w": 132_000.0}
+                            "priority": "normal"}
     return TopologySettings.model_validate({
         "site": "lab", "halls": {"hall1": {"feed_limit_w": 400_000.0, "rows": {"row1": {
             "limit_w": 200_000.0, "ramp_w_per_s": 20_000.0,

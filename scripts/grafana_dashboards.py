@@ -7,12 +7,13 @@
 One set of panel definitions (`Series`: measurement, fields, aggregate, tag filter, extra
 grouping, rate or not), rendered twice:
 
-- ``valvey.json``, ``racky.json``: InfluxQL (``rawQuery``), which InfluxDB 1.x, 2.x (through a
-  DBRP mapping) and 3.x all answer; Flux is absent from InfluxDB 3. The datasource is the one
-  config/grafana/provisioning/datasources/rackplane-influxdb.yaml provisions
-  (`DATASOURCE_UID`).
-- ``valvey-promql.json``, ``racky-promql.json``: PromQL (which VictoriaMetrics' MetricsQL
-  also answers) for sites whose telemetry goes to Prometheus or VictoriaMetrics. A line
+- ``valvey.json``, ``racky.json``, ``rlc.json``: InfluxQL (``rawQuery``), which InfluxDB 1.x,
+  2.x (through a DBRP mapping) and 3.x all answer; Flux is absent from InfluxDB 3. The
+  datasource is the one config/grafana/provisioning/datasources/rackplane-influxdb.yaml
+  provisions (`DATASOURCE_UID`).
+- ``valvey-promql.json``, ``racky-promql.json``, ``rlc-promql.json``: PromQL (which
+  VictoriaMetrics' MetricsQL also answers) for sites whose telemetry goes to Prometheus or
+  VictoriaMetrics. A line
   ``<measurement>,<tags> <field>=...`` is the series ``<measurement>_<field>{<tags>}`` there
   (VictoriaMetrics' InfluxDB line-protocol import; a Prometheus fed through an InfluxDB
   line-protocol bridge such as Telegraf's uses the same names). Datasource:
@@ -127,23 +128,27 @@ class Board:
         self.items.append({"type": "row", "title": title})
 
     def panel(self, title: str, queries: list[Series], unit: str = "short",
-              description: str = "", min_interval: str | None = None) -> None:
+              description: str = "", min_interval: str | None = None,
+              stack_unless: str | None = None) -> None:
         """A time-series panel; each query's legend is the rack (one series per identity),
         the tags it groups by and the field; ``min_interval``: Grafana's minimum interval
-        (required for rates)."""
+        (required for rates); ``stack_unless``: series are stacked, except those whose name
+        matches this regular expression (a limit drawn as a line against the stack)."""
         if any(sr.rate for sr in queries) and not min_interval:
             raise ValueError(f"{title}: a rate panel needs a minimum interval")
         self.items.append({"type": "timeseries", "title": title, "queries": queries,
                            "unit": unit, "description": description,
-                           "min_interval": min_interval})
+                           "min_interval": min_interval, "stack_unless": stack_unless})
 
-    def common(self) -> None:
-        """Alarms, commands and the daemon's own health: the same on both dashboards."""
-        self.row("Alarms and commands")
-        self.panel("Active alarms", [q("alarm", ["active", "severity_code"], group=("alarm",),
-                                       agg="max")],
-                   description="1 while an alarm is active; severity_code 1 warning .. "
-                   "4 critical (one series per alarm id)")
+    def common(self, alarms: bool = True) -> None:
+        """Alarms (``alarms``), commands and the daemon's own health: the same on every
+        dashboard."""
+        self.row("Alarms and commands" if alarms else "Commands")
+        if alarms:
+            self.panel("Active alarms", [q("alarm", ["active", "severity_code"],
+                                           group=("alarm",), agg="max")],
+                       description="1 while an alarm is active; severity_code 1 warning .. "
+                       "4 critical (one series per alarm id)")
         self.panel("Commands", [q("command", ["ok", "latency_s"], group=("verb", "outcome"),
                                   agg="max")],
                    description="every command, accepted (ok = 1) or refused (ok = 0)")
@@ -203,14 +208,22 @@ class Board:
                 y += 1
                 continue
             mi = item["min_interval"]
+            custom: dict[str, Any] = {"spanNulls": False}
+            overrides: list[dict[str, Any]] = []
+            if item.get("stack_unless"):
+                custom |= {"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 25}
+                overrides.append({
+                    "matcher": {"id": "byRegexp", "options": item["stack_unless"]},
+                    "properties": [{"id": "custom.stacking", "value": {"mode": "none"}},
+                                   {"id": "custom.fillOpacity", "value": 0},
+                                   {"id": "custom.lineWidth", "value": 2}]})
             panels.append({
                 "id": n, "type": "timeseries", "title": item["title"],
                 "description": item["description"], "datasource": ds,
                 **({"interval": mi} if mi else {}),
                 "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
-                "fieldConfig": {"defaults": {"unit": item["unit"],
-                                             "custom": {"spanNulls": False}},
-                                "overrides": []},
+                "fieldConfig": {"defaults": {"unit": item["unit"], "custom": custom},
+                                "overrides": overrides},
                 "options": {"legend": {"displayMode": "list", "placement": "bottom"},
                             "tooltip": {"mode": "multi"}},
                 "targets": self._targets(item, lang),
@@ -342,9 +355,53 @@ def racky() -> Board:
     return b
 
 
+def rlc() -> Board:
+    b = Board("rackplane-rlc", "rackplane / rlc (fleet power budgets)",
+              "Row power against its limit, each rack's budget lease (grant, committed power, "
+              "expiry), demand, power and cooling, and rlc's own health (written by the "
+              "leading rlc only)", "rlc", "fleet_row")
+    b.anchor_field = "limit_w"  # written every tick while leading
+    row = ("fleet_row",)
+    rack = ("fleet_row", "fleet_rack")
+    b.row("Rows")
+    b.panel("Row power against its limit",
+            [q("fleet_row", ["limit_w", "committed_w", "grants_w", "power_w"], group=row)],
+            unit="watt", description="per row: the breaker limit, Σ committed (what the racks "
+            "may still draw: never above the limit), Σ grants, Σ reported power (AC input; "
+            "missing while a rack does not report it)")
+    b.panel("Rack power stacked against the row limit",
+            [q("fleet_rack", ["power_w"], group=rack), q("fleet_row", ["limit_w"], group=row)],
+            unit="watt", stack_unless=".*limit_w$",
+            description="each rack's reported power (AC input), stacked, with each row's limit "
+            "as a line (several rows selected: the stack holds them all; pick one row's "
+            "racks in the legend)")
+    b.row("Racks: leases")
+    b.panel("Grants and committed power per rack",
+            [q("fleet_rack", ["grant_w", "committed_w"], group=rack)], unit="watt",
+            description="grant: the current lease's value; committed: the most the rack may "
+            "still draw (an older, higher lease not yet acknowledged or expired)")
+    b.panel("Lease expiry per rack",
+            [q("fleet_rack", ["lease_expires_in_s"], group=rack, agg="min")], unit="s",
+            description="s until the rack's current lease expires (renewed at ttl_s / 3: a "
+            "saw-tooth; at 0 the rack falls to its floor by itself)")
+    b.row("Racks: demand, power, cooling")
+    b.panel("Demand, power, cooling and floor per rack",
+            [q("fleet_rack", ["demand_w", "power_w", "cooling_w", "floor_w"], group=rack)],
+            unit="watt", description="demand: what racky asks for; power: what its shelves "
+            "draw; cooling: the capacity the allocator applies (the lower of configured and "
+            "reported: valvey's measurement through racky)")
+    b.panel("Reachable racks",
+            [q("fleet_rack", ["reachable"], group=rack, agg="min"),
+             q("fleet_row", ["racks_unreachable"], group=row, agg="max")],
+            description="1: the rack's report changes (racky alive); an unreachable rack's "
+            "grant is held, then lowered to its floor")
+    b.common(alarms=False)
+    return b
+
+
 def render() -> dict[Path, str]:
     out: dict[Path, str] = {}
-    for b in (valvey(), racky()):
+    for b in (valvey(), racky(), rlc()):
         out[OUT / f"{b.daemon}.json"] = json.dumps(b.json("influxql"), indent=2) + "\n"
         out[OUT / f"{b.daemon}-promql.json"] = json.dumps(b.json("promql"), indent=2) + "\n"
     return out

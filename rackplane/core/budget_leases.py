@@ -12,9 +12,12 @@ bucket is defined here.
   a new leader restores both from the store, never from memory.
 - ``<site>.<rack>.rack`` (`rack_key`): written by that rack's racky only (plain put).
   Value: `RackReport.as_record`: what the rack wants (``demand_w``), the budget it enforces,
-  its floor, and the lease (epoch, seq) it acknowledges. Native NATS subscribers never see
-  MQTT retained messages, so this state goes through the KV store, which survives rlc
-  restarts and leader changes.
+  its floor, the lease (epoch, seq) it acknowledges and its cooling capacity now
+  (``cooling_w``). Versioned (``version``, `REPORT_VERSION`): fields are only ever added, each
+  new one optional, and a record without it (an older racky) decodes it as None = unknown;
+  version 1 records carry no ``version`` key and neither ``agents_safe_w`` nor ``cooling_w``.
+  Native NATS subscribers never see MQTT retained messages, so this state goes through the
+  KV store, which survives rlc restarts and leader changes.
 
 **Clocks.** A lease's times are rlc's wall clock (Unix s), as are a report's ``at_s`` racky's:
 hosts keep NTP/PTP time and ``clock_margin_s`` covers their offset (`budget_lease_valid`).
@@ -29,8 +32,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_RACK_FLOOR_W", "BudgetLease", "RackReport", "as_int", "budget_key",
-           "budget_lease_valid", "rack_key"]
+__all__ = ["DEFAULT_RACK_FLOOR_W", "REPORT_VERSION", "BudgetLease", "RackReport", "as_int",
+           "budget_key", "budget_lease_valid", "rack_key"]
+
+REPORT_VERSION = 2
+"""`RackReport`'s record version: 2 adds ``cooling_w``, ``power_w`` (and the ``version`` key
+itself)."""
 
 DEFAULT_RACK_FLOOR_W = 40_000.0
 """The default safe floor of a rack, W (AC input): rlc's topology ``floor_w`` of its embedded
@@ -141,8 +148,16 @@ class RackReport:
     ``agents_safe_w``: Σ of the safe caps its agents state in their telemetry (each tray's
     ``safe_gpu_cap_w`` × GPUs × (1 + non-GPU share), plus the power outside the trays), the
     most the rack draws once racky is silent past its agents' cap TTL; None: not every tray
-    states one (an older agent) or not every tray reported. Absent in an older racky's
-    record (decoded as None).
+    states one (an older agent) or not every tray reported. ``cooling_w``: the most the rack
+    may draw from its feed (AC W) that its cooling carries now: valvey's measured valve-open
+    capacity per K × (setpoint − facility water − racky's derate margin), the P_max racky's
+    own facility-water derate works to (`racky.core.power.Derate.measured_capacity_w`), × the
+    shelves' input ratio; None: not known now (valvey has not measured, its state is stale, or
+    racky's derate does not use the measurement). Both absent in an older racky's record
+    (decoded as None). ``power_w``: what the rack draws from its feed now (the shelves' AC
+    input, W, rounded to 100 W; None: not every shelf reports it), for rlc's telemetry only
+    (the allocation never uses it). ``version``: the record's (`REPORT_VERSION`; 1 for a
+    record without).
     """
 
     rack: str
@@ -154,6 +169,9 @@ class RackReport:
     lease_valid: bool
     at_s: float
     agents_safe_w: float | None = None
+    cooling_w: float | None = None
+    power_w: float | None = None
+    version: int = REPORT_VERSION
 
     def as_record(self) -> dict[str, Any]:
         """The JSON-able record (KV value)."""
@@ -161,7 +179,8 @@ class RackReport:
                 "floor_w": self.floor_w, "drawable_w": self.drawable_w,
                 "acked": None if self.acked is None else list(self.acked),
                 "lease_valid": self.lease_valid, "at_s": self.at_s,
-                "agents_safe_w": self.agents_safe_w}
+                "agents_safe_w": self.agents_safe_w, "cooling_w": self.cooling_w,
+                "power_w": self.power_w, "version": self.version}
 
     @classmethod
     def from_record(cls, d: dict[str, Any]) -> RackReport:
@@ -169,11 +188,15 @@ class RackReport:
         try:
             ack = d["acked"]
             dem, dr, sf = d["demand_w"], d["drawable_w"], d.get("agents_safe_w")
+            cw, pw = d.get("cooling_w"), d.get("power_w")
             return cls(rack=str(d["rack"]), demand_w=None if dem is None else float(dem),
                        budget_w=float(d["budget_w"]), floor_w=float(d["floor_w"]),
                        drawable_w=None if dr is None else float(dr),
                        acked=None if ack is None else (as_int(ack[0]), as_int(ack[1])),
                        lease_valid=bool(d["lease_valid"]), at_s=float(d["at_s"]),
-                       agents_safe_w=None if sf is None else float(sf))
+                       agents_safe_w=None if sf is None else float(sf),
+                       cooling_w=None if cw is None else float(cw),
+                       power_w=None if pw is None else float(pw),
+                       version=as_int(d.get("version", 1)))
         except (KeyError, TypeError, IndexError) as err:
             raise ValueError(f"rack report record: {err!r}") from None

@@ -33,7 +33,16 @@ from dataclasses import dataclass, field
 
 from rackplane.core.budget_leases import BudgetLease, RackReport, budget_lease_valid
 
-__all__ = ["SAFE_REPORT_STEP_W", "BudgetFollower", "FleetSide", "InputRatio"]
+__all__ = ["COOLING_REPORT_STEP_W", "POWER_REPORT_STEP_W", "SAFE_REPORT_STEP_W",
+           "BudgetFollower", "FleetSide", "InputRatio"]
+
+POWER_REPORT_STEP_W = 100.0
+"""``power_w`` is reported rounded to this step, W (telemetry; fewer report writes)."""
+
+COOLING_REPORT_STEP_W = 500.0
+"""``cooling_w`` is reported rounded down to this step, W (the safe side: a capacity is never
+overstated by the rounding; the facility water's noise moves it every tick, and a changed
+report is written at once)."""
 
 SAFE_REPORT_STEP_W = 100.0
 """``agents_safe_w`` is reported rounded up to this step, W (the safe side; the learned
@@ -59,6 +68,11 @@ class BudgetFollower:
     agents_safe_w: float | None = None
     """Σ of the safe caps the agents state, AC W (`RackReport.agents_safe_w`; set by
     `FleetSide.observe`)."""
+    cooling_w: float | None = None
+    """The rack's cooling capacity now, AC W (`RackReport.cooling_w`; set by
+    `FleetSide.observe`; None: not known)."""
+    power_w: float | None = None
+    """The shelves' AC input now, W (`RackReport.power_w`; set by `FleetSide.observe`)."""
 
     def offer(self, lease: BudgetLease, now_mono_s: float) -> bool:
         """A lease read from the store: taken when for this rack and newer than the one held
@@ -110,7 +124,8 @@ class BudgetFollower:
                           budget_w=self.budget_w(now_wall_s, now_mono_s), floor_w=self.floor_w,
                           drawable_w=self.drawable_w, acked=self.acked,
                           lease_valid=self.valid(now_wall_s, now_mono_s), at_s=now_wall_s,
-                          agents_safe_w=self.agents_safe_w)
+                          agents_safe_w=self.agents_safe_w, cooling_w=self.cooling_w,
+                          power_w=self.power_w)
 
 
 @dataclass
@@ -156,14 +171,24 @@ class FleetSide:
 
     def observe(self, drawable_dc_w: float | None, demand_dc_w: float | None,
                 input_w: float | None, output_w: float | None, now_wall_s: float,
-                now_mono_s: float, agents_safe_dc_w: float | None = None) -> bool:
+                now_mono_s: float, agents_safe_dc_w: float | None = None,
+                cooling_dc_w: float | None = None) -> bool:
         """A step's figures in DC (`racky.fleet.rack_figures`; ``agents_safe_dc_w``: Σ of the
-        agents' stated safe caps, `racky.fleet.agents_safe_figures`) and the shelves' input
-        and output (W); True when a newer lease was acknowledged."""
+        agents' stated safe caps, `racky.fleet.agents_safe_figures`; ``cooling_dc_w``: the
+        rack power its cooling carries, `racky.core.controller.CoreOutput.cooling_capacity_w`)
+        and the shelves' input and output (W); True when a newer lease was acknowledged.
+        The cooling capacity goes to the report × the input ratio (the lease bounds the feed:
+        a DC budget of capacity / ratio is what racky's core gets for a lease of it), rounded
+        down to `COOLING_REPORT_STEP_W`; one not finite or < 0 is reported as unknown."""
         self.ratio.update(input_w, output_w, now_mono_s)
         r = self.ratio.value(now_mono_s)
+        self.follower.power_w = None if input_w is None or not math.isfinite(input_w) else \
+            round(input_w / POWER_REPORT_STEP_W) * POWER_REPORT_STEP_W
         self.follower.agents_safe_w = None if agents_safe_dc_w is None else \
             math.ceil(agents_safe_dc_w * r / SAFE_REPORT_STEP_W) * SAFE_REPORT_STEP_W
+        self.follower.cooling_w = None if cooling_dc_w is None or not (
+            math.isfinite(cooling_dc_w) and cooling_dc_w >= 0) else \
+            math.floor(cooling_dc_w * r / COOLING_REPORT_STEP_W) * COOLING_REPORT_STEP_W
         return self.follower.observe(None if drawable_dc_w is None else drawable_dc_w * r,
                                      None if demand_dc_w is None else demand_dc_w * r,
                                      now_wall_s, now_mono_s)

@@ -122,6 +122,9 @@ class CoreOutput:
     validation_result: ValidationResult | None = None
     derate_w: float | None = None
     """The facility-water derate cap in force after the tick, W (None: not derating)."""
+    cooling_capacity_w: float | None = None
+    """The rack power the cooling carries now by valvey's measurement, W (DC; the derate's
+    P_max: `Derate.measured_capacity_w`); None: no fresh facility water or no measurement."""
     trays_off: int = 0
     """Trays racky wants off (safety power-downs, power cycles, sequencing)."""
     readings: Mapping[int, TrayReading] = field(default_factory=dict)
@@ -385,6 +388,8 @@ class RackyCore:
             result = self._validation_tick(now, wall_ns, view, limit, rack_w, th)
         out = CoreOutput(now, cmds, events, view, rack_w, it_w, limit, caps, th, lstep, result,
                          derate_w=self.derate.cap_w,
+                         cooling_capacity_w=self.derate.measured_capacity_w(tfws)
+                         if cool_fresh and tfws is not None else None,
                          trays_off=sum(1 for x in self.desired_powered if x is False),
                          readings=trays, link_health=self.links,
                          persist_version=self.persist_version)

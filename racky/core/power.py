@@ -268,6 +268,15 @@ class Derate:
             return max(0.0, self.measured_w_per_k * (self.setpoint_c - t_fws_c))
         return float(np.interp(t_fws_c, self._t, self._p))
 
+    def measured_capacity_w(self, t_fws_c: float) -> float | None:
+        """The rack power (W, the shelves' DC output) the cooling carries at facility water
+        ``t_fws_c`` (°C) by valvey's measurement: `p_max` at ``t_fws_c`` + ``margin_k``, the
+        figure the derate works to; None while no measurement is in use (never the table:
+        the nominal prior is no measurement of this rack's cooling)."""
+        if self.measured_w_per_k is None or self.setpoint_c is None:
+            return None
+        return self.p_max(t_fws_c + self.cfg.margin_k)
+
     def step(self, t_fws_c: float | None, fresh: bool, dt: float, uncapped_w: float,
              capacity_w_per_k: float | None = None, setpoint_c: float | None = None,
              ) -> float | None:

@@ -8,9 +8,11 @@ rack wants: racky's Σ tray demand with its headroom, which may exceed the grant
 unknown: the rack is unreachable or not reporting), ``grant_w`` (the value of its current
 budget lease; NaN: none yet), ``committed_w`` (the most it may still be drawing:
 `rlc.core.leases.RackLedger.committed_w`, the larger of its grant and every older, higher
-grant not yet released) and optionally ``cooling_w`` (valvey's measured capacity; NaN: none,
-the configured one applies) and ``reserve_w`` (issue 17: what a validating rack's stage draws,
-``power_w`` of its campaign run, `rlc.campaign_driver.CampaignDriver.reserve_w`; NaN: none).
+grant not yet released) and optionally ``cooling_w`` (the rack's reported cooling capacity,
+valvey's measurement through racky, as `rlc.core.cycle.FleetState.cooling_w` judged it fresh
+and plausible; NaN: none, the configured one alone applies; the cap takes the lower of
+both) and ``reserve_w`` (issue 17: what a validating rack's stage draws, ``power_w`` of its
+campaign run, `rlc.campaign_driver.CampaignDriver.reserve_w`; NaN: none).
 
 **The target** (where the grants go when nothing holds them back), in this order:
 
@@ -154,14 +156,16 @@ def _check(topo: Topology, inp: CycleInput) -> None:
 def rack_cap_w(topo: Topology, cooling_w: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """(cap, cooling_below_floor): cap = min(max_w, cooling capacity), never below the floor.
 
-    ``cooling_w`` (n,) W measured, NaN where none (the configured capacity applies); None: the
-    configured capacities only. A measured capacity that is not finite or ≤ 0 counts as none
-    measured (implausible).
+    The cooling capacity is the lower of the configured one and ``cooling_w`` (n,) W reported
+    (measured), NaN where none is reported (the configured one alone; neither: no cooling
+    limit); None: the configured capacities only. A reported capacity that is not finite or
+    < 0 counts as none reported; 0 is a capacity (the cooling carries nothing beyond: the
+    floor, flagged).
     """
     cool = topo.cooling_w
     if cooling_w is not None:
-        ok = np.isfinite(cooling_w) & (cooling_w > 0)
-        cool = np.where(ok, cooling_w, cool)
+        ok = np.isfinite(cooling_w) & (cooling_w >= 0)
+        cool = np.where(ok, np.fmin(cooling_w, cool), cool)
     cap = np.fmin(topo.max_w, cool)
     below = np.nan_to_num(cool, nan=np.inf) < topo.floor_w
     return np.maximum(cap, topo.floor_w), below

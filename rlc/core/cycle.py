@@ -23,6 +23,16 @@ monotonic clock).
   least ``write_deadband_w`` or whose lease is due for renewal (``ttl_s / 3`` old; write on
   change, renew at ttl/3). Returns the writes: (rack, record, revision to compare-and-set on).
 
+- **Cooling** (`cooling_w`): each rack's reported cooling capacity (`RackReport.cooling_w`:
+  valvey's measurement through racky, AC W) is used while the rack is reachable and the figure
+  plausible (finite, 0 ≤ x ≤ ``cooling_max_w``); the allocator caps the rack at the lower of
+  it and the configured ``cooling_capacity_w`` (`rlc.core.allocation.rack_cap_w`): a report
+  never raises a rack past its configured bound. Once the report is stale (rack unreachable),
+  unknown (None: an older racky, valvey not measured) or implausible, the last good figure is
+  **held** for ``cooling_hold_s`` (a capacity just measured low is not forgotten on a glitch:
+  the safe direction), then dropped: the configured figure alone applies, or none. Source
+  per rack in ``state/fleet`` (``cooling_source``: reported / held / configured / none).
+
 - **Cross-checks** (`mismatches`): what racky reports of its own config against the topology's
   figure for that rack: its ``floor_w`` (above the topology's: a rack whose lease runs out
   falls to more than rlc counts for it, and its row may pass its limit; below: inconsistent,
@@ -87,7 +97,10 @@ class FleetState:
         topo: the compiled topology; timing: lease life and re-grant margins;
         settings: allocation settings; unreachable_after_s / reclaim_after_s: s (reclaim ≥
         unreachable); write_deadband_w: a grant change smaller than this is not written
-        (W; the ledger keeps the written one, so Σ committed stays exact).
+        (W; the ledger keeps the written one, so Σ committed stays exact); cooling_max_w: a
+        reported cooling capacity above this is implausible (W); cooling_hold_s: the last
+        plausible one is held this long once the report is stale, unknown or implausible (s)
+        (module docstring: Cooling).
     """
 
     topo: Topology
@@ -104,6 +117,14 @@ class FleetState:
     bad_records: int = 0
     last: Allocation | None = None
     started_mono_s: float | None = None
+    cooling_max_w: float = 1_000_000.0
+    cooling_hold_s: float = 300.0
+    cooling_known: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """rack -> (the last plausible reported cooling capacity W, mono s it was last seen)."""
+    cooling_implausible: int = 0
+    """Cycles in which a reachable rack reported a cooling capacity outside the window."""
+    last_cooling: tuple[np.ndarray, list[str]] | None = None
+    """The last cycle's `cooling_w` (for ``state/fleet``)."""
 
     def __post_init__(self) -> None:
         for r in self.topo.rack_ids:
@@ -209,6 +230,31 @@ class FleetState:
                 out[i] = rep.demand_w
         return out
 
+    def cooling_w(self, now_mono_s: float) -> tuple[np.ndarray, list[str]]:
+        """((n,) W reported cooling capacity for the allocator, NaN: none; source per rack:
+        ``reported``, ``held``, ``configured`` or ``none``) (module docstring: Cooling)."""
+        reachable = ~self.unreachable(now_mono_s)
+        out = np.full(self.topo.n, math.nan)
+        src: list[str] = []
+        for i, r in enumerate(self.topo.rack_ids):
+            rep = self.seen[r].report
+            x = None if rep is None or not reachable[i] else rep.cooling_w
+            if x is not None:
+                if math.isfinite(x) and 0.0 <= x <= self.cooling_max_w:
+                    self.cooling_known[r] = (x, now_mono_s)
+                else:
+                    self.cooling_implausible += 1
+            known = self.cooling_known.get(r)
+            if known is not None and now_mono_s - known[1] > self.cooling_hold_s:
+                del self.cooling_known[r]
+                known = None
+            if known is not None:
+                out[i] = known[0]
+                src.append("reported" if known[1] == now_mono_s else "held")
+            else:
+                src.append("none" if math.isnan(self.topo.cooling_w[i]) else "configured")
+        return out, src
+
     def cycle(self, epoch: int, now_wall_s: float, now_mono_s: float,
               reserve_w: Mapping[str, tuple[float, bool]] | None = None
               ) -> list[BudgetWrite]:
@@ -237,9 +283,11 @@ class FleetState:
             reserve = np.array([w for w, _ in got], float)
             waiting = np.array([wt for _, wt in got], bool)
         reclaimed = self._silent_for(now_mono_s) >= self.reclaim_after_s
+        cooling, _ = self.last_cooling = self.cooling_w(now_mono_s)
         a = allocate(topo, CycleInput(self.demand_w(now_mono_s), grant, committed, max(dt, 0.0),
-                                      reserve_w=reserve, reserve_waiting=waiting,
-                                      reclaimed=reclaimed), self.settings)
+                                      cooling_w=cooling, reserve_w=reserve,
+                                      reserve_waiting=waiting, reclaimed=reclaimed),
+                     self.settings)
         self.last = a
         writes: list[BudgetWrite] = []
         renew_age = timing.ttl_s / 3.0
@@ -284,6 +332,9 @@ class FleetState:
         topo = self.topo
         unr = self.unreachable(now_mono_s)
         mism = self.mismatches()
+        cool, cool_src = self.last_cooling or (np.full(topo.n, math.nan), [
+            "none" if math.isnan(c) else "configured" for c in topo.cooling_w.tolist()])
+        below = None if self.last is None else self.last.cooling_below_floor
         rows: dict[str, Any] = {}
         for j, row in enumerate(topo.row_ids):
             idx = [i for i in range(topo.n) if int(topo.row_of[i]) == j]
@@ -302,6 +353,11 @@ class FleetState:
                             "floor_w": float(topo.floor_w[i]),
                             "reported_floor_w": None if rep is None else rep.floor_w,
                             "agents_safe_w": None if rep is None else rep.agents_safe_w,
+                            "reported_cooling_w": None if rep is None else rep.cooling_w,
+                            "cooling_w": _cooling_used(float(cool[i]),
+                                                       float(topo.cooling_w[i])),
+                            "cooling_source": cool_src[i],
+                            "cooling_below_floor": below is not None and bool(below[i]),
                             "mismatch": mism.get(r, []),
                             "unreachable": bool(unr[i])}
             comm = [led.committed_w() for r in (topo.rack_ids[i] for i in idx)
@@ -309,4 +365,12 @@ class FleetState:
             rows[row] = {"limit_w": float(topo.row_limit_w[j]),
                          "committed_w": math.fsum(comm) if len(comm) == len(idx) else None,
                          "racks": racks}
-        return {"epoch": self.epoch, "rows": rows, "bad_records": self.bad_records}
+        return {"epoch": self.epoch, "rows": rows, "bad_records": self.bad_records,
+                "cooling_implausible": self.cooling_implausible}
+
+
+def _cooling_used(reported_w: float, configured_w: float) -> float | None:
+    """The cooling capacity the allocator applies (W; the lower of both known; None: no
+    limit)."""
+    known = [x for x in (reported_w, configured_w) if not math.isnan(x)]
+    return min(known) if known else None

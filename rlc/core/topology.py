@@ -14,7 +14,8 @@ the site since topics and KV keys carry ``<site>/<rack>``)::
     floor_w = 20_000.0                      # safe floor: what the rack falls to by itself
     max_w = 132_000.0                       # the most it may be granted
     priority = "normal"
-    cooling_capacity_w = 120_000.0          # optional rated cooling, W (a further limit)
+    cooling_capacity_w = 120_000.0          # optional rated cooling, W (a further limit;
+                                            # the rack's reported capacity, when lower, wins)
 
 Checked at load (`TopologySettings`; a `rackplane.config.ConfigError` from
 `rackplane.config.validate_data` names the key path):
@@ -72,7 +73,9 @@ class RackSpec(StrictModel):
     priority: str = Field("normal", description="priority class (a key of classes)")
     cooling_capacity_w: float | None = Field(
         None, gt=0, le=_MAX_FEED_W, description="rated cooling capacity, W: a further limit "
-        "of the grant (valvey's measured capacity replaces it at run time); None: no limit")
+        "of the grant; the rack's reported capacity (racky: valvey's measurement) caps it "
+        "lower at run time, never higher; None: only the reported capacity limits (none "
+        "reported: no cooling limit)")
 
     @model_validator(mode="after")
     def _envelope(self) -> RackSpec:

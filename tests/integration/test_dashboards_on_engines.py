@@ -7,7 +7,9 @@ Grafana's macros and variables expanded as Grafana expands them
 (tests/integration/grafana_macros.py).
 
 The telemetry is the daemons' own: short lock-step runs of valvey's and racky's ticks (the
-classes the daemons run, `harness.lockstep_valvey` / `harness.lockstep_racky`) over a
+classes the daemons run, `harness.lockstep_valvey` / `harness.lockstep_racky`), rlc's
+allocation cycle and telemetry lines over racks reporting through racky's fleet side
+(`rlc_lines`), over a
 "tour" scenario whose faults make every plotted field appear (a facility-water rise and a
 shelf and feed loss: caps, limits, derating; a flapping link), plus what the daemon frame
 writes (`rackplane.daemon`): self-metrics through the real `SelfMetrics` (with a process
@@ -133,6 +135,63 @@ def racky_lines() -> list[TsLine]:
     return lines
 
 
+def rlc_lines() -> list[TsLine]:
+    """rlc leading a fleet of two rows (``ra``, ``rb``; ``rc``) for `SPAN_S` at its 1 s
+    cycle: the real `rlc.core.cycle.FleetState` allocating and `rlc.telemetry.fleet_lines`
+    (what the daemon's tick writes), the racks' reports made by racky's real fleet side
+    (`racky.core.budget.FleetSide`: leases followed, read-back, demand, AC power and the
+    cooling capacity converted) on a plant that draws min(demand, budget); ``rc`` reports a
+    cooling capacity and goes silent from 200 s to 260 s (unreachable, reclaimed)."""
+    import numpy as np
+
+    from rackplane.core.budget_leases import BudgetLease
+    from racky.core.budget import BudgetFollower, FleetSide, InputRatio
+    from rlc.config import RlcConfig
+    from rlc.core.cycle import FleetState
+    from rlc.core.topology import TopologySettings, compile_topology
+    from rlc.telemetry import fleet_lines
+
+    cfg = RlcConfig()
+    rack = {"floor_w": 20_000.0, "max_w": 90_000.0}
+    topo = compile_topology(TopologySettings.model_validate({"site": "s", "halls": {"h1": {
+        "feed_limit_w": 1e6, "rows": {
+            "row1": {"limit_w": 150_000.0, "ramp_w_per_s": 20_000.0, "racks": {
+                "ra": {**rack, "cooling_capacity_w": 70_000.0}, "rb": dict(rack)}},
+            "row2": {"limit_w": 100_000.0, "racks": {"rc": dict(rack)}}}}}}))
+    f = cfg.fleet
+    st = FleetState(topo, cfg.leases, cfg.allocation, f.unreachable_after_s,
+                    f.reclaim_after_s, f.write_deadband_w, cooling_max_w=f.cooling_max_w,
+                    cooling_hold_s=f.cooling_hold_s)
+    sides = {r: FleetSide(BudgetFollower(r, 20_000.0, cfg.leases.clock_margin_s, 500.0),
+                          InputRatio(1.05)) for r in topo.rack_ids}
+    rng = np.random.default_rng(5)
+    demand_dc = {"ra": 60_000.0, "rb": 70_000.0, "rc": 50_000.0}
+    st.restore(1, dict.fromkeys(topo.rack_ids), 0.0)
+    lines: list[TsLine] = []
+    rev = 0
+    for t in range(SPAN_S):
+        wall = WALL0_NS / 1e9 + t
+        silent = 200 <= t < 260
+        for w in st.cycle(1, wall, float(t)):
+            rev += 1
+            st.write_done(w.rack, rev)
+            if not (w.rack == "rc" and silent):
+                sides[w.rack].follower.offer(BudgetLease.from_record(
+                    json.loads(w.record)["lease"]), float(t))
+        for r, side in sides.items():
+            demand_dc[r] = float(np.clip(demand_dc[r] + rng.normal(0.0, 1_500.0), 0.0, 85e3))
+            budget_dc = side.dc_budget_w(wall, float(t))
+            out_w = min(demand_dc[r], budget_dc)
+            side.observe(budget_dc, demand_dc[r], out_w * 1.04, out_w, wall, float(t),
+                         cooling_dc_w=55_000.0 - 10.0 * t if r == "rc" else None)
+            if not (r == "rc" and silent):
+                rev += 1
+                st.on_report(r, (rev, json.dumps(side.follower.report(
+                    wall, float(t)).as_record()).encode()), float(t))
+        lines += fleet_lines(st, float(t), WALL0_NS + t * 10**9)
+    return lines
+
+
 def frame_lines(daemon: str, writer: TelemetryWriter, clock: FakeClock) -> None:
     """What the daemon frame writes besides the tick's lines: self-metrics every 10 s for
     `SPAN_S` (the process restarts half way: every counter back to 0) and command audits."""
@@ -182,7 +241,8 @@ class Telemetry:
 
 async def write_telemetry(tmp: Path) -> Telemetry:
     out = Telemetry()
-    for daemon, lines in (("valvey", valvey_lines()), ("racky", racky_lines())):
+    for daemon, lines in (("valvey", valvey_lines()), ("racky", racky_lines()),
+                          ("rlc", rlc_lines())):
         for rack in RACKS:
             clock = FakeClock(start_wall_ns=WALL0_NS)
             store = tmp / f"{daemon}-{rack}"
@@ -464,3 +524,32 @@ def test_promql_check_can_fail(telemetry: Telemetry, victoria: VictoriaMetrics) 
         tally = Tally()
         run_promql(victoria, _mutated(board, "expr", old, new), tally)
         assert tally.problems, (old, new)
+
+
+def test_rlc_board_check_can_fail(telemetry: Telemetry, influxdb1: InfluxDB1,
+                                  victoria: VictoriaMetrics) -> None:
+    """The rlc board's checks see its own data: a lease-expiry field nobody writes and a row
+    sum read from the racks' measurement are caught on both engines."""
+    rlc_stores = [p for p in telemetry.stores if p.name.startswith("rlc-")]
+    assert len(rlc_stores) == len(RACKS)
+    db = f"dash{uuid.uuid4().hex[:8]}"
+    influxdb1.create_database(db)
+    asyncio.run(send(rlc_stores, TsdbSettings(url=influxdb1.url, api="v1", database=db,
+                                              batch_lines=5000)))
+    board = json.loads((BOARDS / "rlc.json").read_text())
+    tally = Tally()
+    run_influxql(influxdb1, db, board, tally)
+    assert not tally.problems, tally.problems                # the board itself passes
+    for old, new in (('"lease_expires_in_s"', '"lease_expiry_s"'),
+                     ('"racks_unreachable") AS "racks_unreachable" FROM "fleet_row"',
+                      '"racks_unreachable") AS "racks_unreachable" FROM "fleet_rack"')):
+        tally = Tally()
+        run_influxql(influxdb1, db, _mutated(board, "query", old, new), tally)
+        assert tally.problems, (old, new)
+    asyncio.run(send(rlc_stores, TsdbSettings(url=victoria.url, batch_lines=5000)))
+    victoria.flush()
+    pboard = json.loads((BOARDS / "rlc-promql.json").read_text())
+    tally = Tally()
+    run_promql(victoria, _mutated(pboard, "expr", "fleet_rack_lease_expires_in_s{",
+                                  "fleet_rack_lease_expiry_s{"), tally)
+    assert tally.problems

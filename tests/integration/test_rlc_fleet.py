@@ -80,7 +80,7 @@ def rlc_proc(tmp: Path, inst: str, site: str, bucket: str, nats: NatsCluster,
         identity={"site": site, "row": "fleet", "rack": "rlc"},
         mqtt={"host": "127.0.0.1", "port": mosquitto.port},
         spool={"directory": str(tmp / f"spool-{inst}")},
-        control={"tick_s": 0.5},
+        control={"tick_s": 0.5, "telemetry_interval_s": 0.5},
         fleet={"servers": nats.urls, "bucket": bucket, "request_timeout_s": 0.5,
                "cycle_s": 0.5, "unreachable_after_s": 2.0, "reclaim_after_s": 3.0,
                "write_deadband_w": 100.0},
@@ -286,6 +286,36 @@ async def test_decrease_enforced_acked_then_regranted(
         assert raise_lease.issued_at_s >= acked_at - 0.1
         await _steady_values(fl, [p], {"ra": 30_000.0, "rb": 70_000.0})
         p.stop()
+    # the leader's time series (rlc/telemetry.py, every 0.5 s) in its spool: each grant it
+    # shows is a lease the monitor read from the store, with its expiry ahead within the ttl
+    spooled = _spooled_grants(tmp_path / "spool-a")
+    assert set(spooled) == {"ra", "rb"}, spooled
+    for r, got in spooled.items():
+        issued = {ls.value_w for _, ls in fl.leases.get(r, [])}
+        assert len(got) >= 3 and {g for g, _ in got} <= issued, (r, got, sorted(issued))
+        assert all(0.0 < e <= TTL_S for _, e in got), (r, got)
+
+
+def _spooled_grants(folder: Path) -> dict[str, list[tuple[float, float]]]:
+    """rack -> (``grant_w``, ``lease_expires_in_s``) of each ``fleet_rack`` line the rlc
+    process spooled, in order."""
+    from rackplane.io.spool import Spool
+
+    sp = Spool(folder, readonly=True)
+    try:
+        lines, _ = sp.read(1_000_000)
+    finally:
+        sp.close(fsync=False)
+    out: dict[str, list[tuple[float, float]]] = {}
+    for ln in lines:
+        if not ln.startswith("fleet_rack,"):
+            continue
+        tags = dict(kv.split("=", 1) for kv in ln.split(" ", 1)[0].split(",")[1:])
+        fields = dict(kv.split("=", 1) for kv in ln.split(" ")[1].split(","))
+        if "grant_w" in fields:
+            out.setdefault(tags["fleet_rack"], []).append(
+                (float(fields["grant_w"]), float(fields["lease_expires_in_s"])))
+    return out
 
 
 async def test_partitioned_rack_reaches_floor_before_its_share_is_regranted(

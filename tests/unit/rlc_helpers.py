@@ -57,14 +57,16 @@ def compiled(t: TopologySettings) -> Topology:
 
 def independent_cap(t: TopologySettings, cooling_measured: dict[str, float]) -> dict[str, float]:
     """Each rack's cap from the settings themselves: max(floor, min(max, cooling)), where the
-    measured cooling (if plausible) replaces the configured one."""
+    cooling is the lower of the configured and the measured one (if plausible: finite, ≥ 0)."""
     out = {}
     for hall in t.halls.values():
         for row in hall.rows.values():
             for k, r in row.racks.items():
                 cool = cooling_measured.get(k)
-                if cool is None or not np.isfinite(cool) or cool <= 0:
+                if cool is None or not np.isfinite(cool) or cool < 0:
                     cool = r.cooling_capacity_w
+                elif r.cooling_capacity_w is not None:
+                    cool = min(cool, r.cooling_capacity_w)
                 cap = r.max_w if cool is None else min(r.max_w, cool)
                 out[k] = max(r.floor_w, cap)
     return out

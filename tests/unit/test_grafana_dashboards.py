@@ -2,7 +2,7 @@
 
 The written schema is derived from the daemons' code, never typed here:
 
-- every ``<writer>.write("<measurement>", <tags>, <fields>)`` call in valvey/, racky/ and the
+- every ``<writer>.write("<measurement>", <tags>, <fields>)`` call in valvey/, racky/, rlc/ and the
   daemon frame both run on (rackplane/daemon.py), and every ``TsLine("<measurement>", <tags>,
   <fields>, ...)`` effect of the daemons' ticks, is read with `ast`: the fields are the keys of
   the dict literal passed (or assigned to the name passed, plus ``name["key"] = ...``
@@ -58,7 +58,8 @@ def _sources(pkg: str) -> dict[Path, ast.Module]:
     return {f: ast.parse(f.read_text(), str(f)) for f in sorted((ROOT / pkg).rglob("*.py"))}
 
 
-ALL_SOURCES = {**_sources("valvey"), **_sources("racky"), **_sources("rackplane")}
+ALL_SOURCES = {**_sources("valvey"), **_sources("racky"), **_sources("rlc"),
+               **_sources("rackplane")}
 
 
 def _dict_keys(node: ast.AST) -> set[str] | None:
@@ -136,6 +137,8 @@ def _functions(tree: ast.Module) -> Iterator[ast.FunctionDef | ast.AsyncFunction
 def _point_measurements(daemon: str) -> dict[str, set[str]]:
     """What ``write_samples`` writes: register-map points (+ ``_quality``) per measurement."""
     out: dict[str, set[str]] = defaultdict(set)
+    if daemon == "rlc":  # no register map
+        return out
     if daemon == "valvey":
         from valvey.config import ValveyConfig
         from valvey.tick import MEASUREMENT_OF_POINT
@@ -180,7 +183,7 @@ def _line_effect(s: Schema, daemon: str, fn: ast.FunctionDef | ast.AsyncFunction
 
 def written_schema() -> Schema:
     s = Schema()
-    for daemon in ("valvey", "racky"):
+    for daemon in ("valvey", "racky", "rlc"):
         uses_selfmetrics = False
         frame = ROOT / "rackplane" / "daemon.py"
         effects = ROOT / "rackplane" / "core" / "effects.py"  # the alarm lines both ticks use

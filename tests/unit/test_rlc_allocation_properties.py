@@ -46,7 +46,8 @@ def _cooling(data: Any, topo: Topology) -> tuple[np.ndarray, dict[str, float]]:
     measured = {}
     for i, k in enumerate(topo.rack_ids):
         if data.draw(st.booleans()):
-            v = data.draw(st.floats(0.0, 120.0))   # may be below the floor, or 0 (implausible)
+            # may be below the floor, 0 (a capacity: the floor), or < 0 (implausible: none)
+            v = data.draw(st.one_of(st.floats(0.0, 120.0), st.just(-1.0)))
             vals[i] = v
             measured[k] = v
     return vals, measured
@@ -74,7 +75,7 @@ def test_one_cycle_limits_floors_caps_priorities(t: TopologySettings, data: Any,
         assert f - EPS_W <= tgt[i] <= caps[k] + EPS_W, (k, tgt[i], f, caps[k])
         assert f - EPS_W <= a.grant_w[i] <= caps[k] + EPS_W
         cool = measured.get(k)
-        if cool is not None and 0 < cool < f:
+        if cool is not None and 0 <= cool < f:
             assert a.cooling_below_floor[i]
         held = not (math.isfinite(demand[i]) and demand[i] >= 0)
         assert a.held[i] == held

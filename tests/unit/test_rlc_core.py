@@ -126,9 +126,24 @@ def test_cooling_capacity_below_the_floor_the_floor_wins_and_is_flagged() -> Non
     a = _alloc(topo, [70.0, 70.0], cooling=[10.0, math.nan])
     assert a.grant_w[0] == 20.0 and a.cooling_below_floor.tolist() == [True, False]
     assert a.grant_w[1] == 70.0 + 10.0  # b: its demand, then the spare (a is capped)
-    # a measured capacity of 0 or inf is implausible: the configured one (none) applies
-    a = _alloc(topo, [70.0, 30.0], cooling=[0.0, math.inf], spread=False)
+    # a reported capacity of -1 or inf is none: the configured one (none) applies
+    a = _alloc(topo, [70.0, 30.0], cooling=[-1.0, math.inf], spread=False)
     assert a.grant_w.tolist() == [70.0, 30.0] and not a.cooling_below_floor.any()
+    # 0 is a capacity (facility water at the setpoint): the floor, flagged
+    a = _alloc(topo, [70.0, 30.0], cooling=[0.0, math.nan], spread=False)
+    assert a.grant_w.tolist() == [20.0, 30.0] and a.cooling_below_floor.tolist() == [True, False]
+
+
+def test_the_lower_of_configured_and_reported_cooling_caps_the_rack() -> None:
+    topo = _topo(_site({"r1": _row(200.0, {"a": _rack(20.0, 90.0, cooling_capacity_w=60.0),
+                                           "b": _rack(20.0, 90.0, cooling_capacity_w=60.0)})}))
+    # a reported 50 W < configured 60 W caps a at 50; b's reported 75 W never lifts its
+    # configured 60 W (the report cannot raise a rack past its configured bound)
+    a = _alloc(topo, [80.0, 80.0], cooling=[50.0, 75.0], spread=False)
+    assert a.grant_w.tolist() == [50.0, 60.0]
+    # none reported: the configured ones
+    a = _alloc(topo, [80.0, 80.0], cooling=[math.nan, math.nan], spread=False)
+    assert a.grant_w.tolist() == [60.0, 60.0]
 
 
 def test_priority_first_then_max_min_fair() -> None:
