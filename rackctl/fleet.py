@@ -199,16 +199,22 @@ def _w(v: Any) -> str:
     return "" if v is None else f"{float(v) / 1000:.1f}"
 
 
+TABLE_ALARM_IDS = 3
+"""The table names at most this many alarm ids per rack (``--json``: all the report has)."""
+
+
 def _alarms_cell(rep: dict[str, Any]) -> Text:
-    """``2 critical, 1 minor: id, id, +1`` (and ``, 3 shelved``); ``?`` unknown."""
+    """``1 critical, 2 minor: id, id +1`` (and `` (3 shelved)``), the most severe ids first
+    (`TABLE_ALARM_IDS`); ``none``; ``?`` unknown."""
     al = rep.get("alarms")
     if al is None:
         return Text("?" if rep else "")
     counts = [f"{n} {k}" for k, n in al["counts"].items() if n]
     text = ", ".join(counts) if counts else "none"
-    if al["ids"]:
-        more = sum(al["counts"].values()) - len(al["ids"])
-        text += ": " + ", ".join(al["ids"]) + (f", +{more}" if more else "")
+    ids = al["ids"][:TABLE_ALARM_IDS]
+    if ids:
+        more = sum(al["counts"].values()) - len(ids)
+        text += ": " + ", ".join(ids) + (f" +{more}" if more else "")
     if al["shelved"]:
         text += f" ({al['shelved']} shelved)"
     return Text(text, style=_SEVERITY_STYLE.get(al["worst"] or "", ""))
@@ -223,8 +229,10 @@ def _pair_cell(rep: dict[str, Any]) -> str:
 
 
 def render(summary: dict[str, Any]) -> Group:
-    """The tables ``rackctl fleet status`` prints (kW; ``?``: a field the rack's racky does
-    not report, an older one)."""
+    """The tables ``rackctl fleet status`` prints, two per row: the budgets (powers in kW;
+    ``e/s``: the lease's epoch/seq, ``left s``: its seconds to expiry) and the racks' status
+    (``state``: the lifecycle; ``pair``: the active instance/epoch, or ``single``; the
+    alarms). ``?``: a field the rack's racky does not report (an older one)."""
     parts: list[Any] = []
     for row, r in summary["rows"].items():
         style = "bold red" if r["over_limit"] else "bold green"
@@ -234,16 +242,23 @@ def render(summary: dict[str, Any]) -> Group:
         head = Text(f"row {row}: limit {_w(r['limit_w'])} kW, drawing {power}, leases in "
                     f"force {_w(r['leased_w'])} kW, racks may draw {_w(r['bound_w'])} kW"
                     + (" OVER THE LIMIT" if r["over_limit"] else ""), style=style)
-        t = Table(title=head, title_justify="left")
-        for col in ("rack", "lifecycle", "power kW", "lease kW", "cooling kW", "may draw kW",
-                    "demand kW", "enforced kW", "epoch/seq", "expires in s", "unreleased kW",
-                    "acked", "alarms", "pair", "report age s", "floor kW", "problems"):
+        t = Table(title=head, title_justify="left", caption="powers in kW",
+                  caption_justify="left")
+        t.add_column("rack", overflow="fold")
+        for col in ("power", "lease", "cooling", "may draw", "demand", "enforced"):
+            t.add_column(col, justify="right", no_wrap=True)
+        for col in ("e/s", "left s", "unreleased", "acked", "age s"):
             t.add_column(col, overflow="fold")
+        t.add_column("floor", justify="right", no_wrap=True)
+        t.add_column("problems", overflow="fold")
+        st = Table(title=f"row {row}: racks' status", title_justify="left")
+        for col in ("rack", "state", "pair"):
+            st.add_column(col, overflow="fold")
+        st.add_column("alarms", overflow="fold")
         for rack, s in r["racks"].items():
             le, rep = s["lease"], s["report"] or {}
             t.add_row(
-                rack, (rep.get("lifecycle") or "?") if rep else "",
-                _w(rep.get("power_w")), "" if le is None else _w(le["value_w"]),
+                rack, _w(rep.get("power_w")), "" if le is None else _w(le["value_w"]),
                 _w(rep.get("cooling_w")), _w(s["bound_w"]),
                 _w(rep.get("demand_w")), _w(rep.get("budget_w")),
                 "" if le is None else f"{le['epoch']}/{le['seq']}",
@@ -251,10 +266,11 @@ def render(summary: dict[str, Any]) -> Group:
                                        else "expired"),
                 ", ".join(_w(u["value_w"]) for u in s["unreleased"]),
                 "" if rep.get("acked") is None else "/".join(map(str, rep["acked"])),
-                _alarms_cell(rep), _pair_cell(rep),
                 "" if not rep else str(rep["age_s"]) + (" stale" if rep["stale"] else ""),
                 _w(s["floor_w"]), Text(", ".join(s["problems"])))
-        parts.append(t)
+            st.add_row(rack, (rep.get("lifecycle") or "?") if rep else "", _pair_cell(rep),
+                       _alarms_cell(rep))
+        parts += [t, st]
     return Group(*parts)
 
 

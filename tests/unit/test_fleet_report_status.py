@@ -9,10 +9,12 @@ takes a report whatever its status fields say."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rackplane.clock import FakeClock
 from rackplane.core.budget_leases import (
     ALARM_SEVERITIES,
     REPORT_ALARM_COUNT_MAX,
@@ -25,10 +27,13 @@ from rackplane.core.budget_leases import (
 from rackplane.core.names import PAIR_INSTANCE_PATTERN
 from rackplane.io.nats.lease import INSTANCE_PATTERN
 from rackplane.leadership_settings import LeadershipSettings
+from racky.app import Racky
+from racky.config import RackyConfig
 from racky.core.alarmbank import AlarmBank, AlarmKind
 from racky.fleet import FleetLink
 from racky.fleet_settings import FleetSettings
 from tests.unit.test_fleet_defaults import _core_with
+from tests.unit.test_racky_pair_epochs import _Lease
 from tests.unit.test_rlc_fleet_state import state
 
 WALL = 1.8e9
@@ -151,7 +156,7 @@ def test_the_ids_are_the_most_severe_bounded_and_shelved_ones_only_counted() -> 
     assert tuple(ALARM_SEVERITIES) == ("critical", "major", "minor", "warning")
 
 
-def test_racky_reports_its_lifecycle_alarms_and_pair_and_only_the_active_writes() -> None:
+def test_racky_reports_its_lifecycle_alarms_and_pair() -> None:
     core = _core_with({})
     link = FleetLink(FleetSettings(enabled=True, servers=["nats://127.0.0.1:1"]), "lab", "r1")
     link.observe_core(core)
@@ -178,3 +183,39 @@ def test_rlc_takes_a_report_whatever_its_status_fields_say() -> None:
     got = st.seen["ra"].report
     assert got is not None and got.demand_w == 55_000.0 and st.bad_records == 0
     assert got.refused == ("lifecycle", "alarms", "pair")
+
+
+def test_racky_pair_wiring_the_active_reports_with_its_epoch_the_standby_and_fenced_do_not(
+        tmp_path: Path) -> None:
+    cfg = RackyConfig.model_validate({
+        "lifecycle": {"state_file": str(tmp_path / "racky-state.json")},
+        "spool": {"directory": str(tmp_path / "spool")},
+        "leadership": {"enabled": True, "instance": "b"},
+        "fleet": {"enabled": True, "servers": ["nats://127.0.0.1:1"]},
+    })
+    r = Racky(cfg, clock=FakeClock(start_mono=1000.0, start_wall_ns=int(WALL * 1e9)))
+    lease = _Lease()
+    r.lease_runner = lease  # type: ignore[assignment]
+    link = r.fleet
+    assert link is not None and r.pair_sync is not None
+    assert not link.reporting                          # before its first tick
+    r._update_role(1000.0)
+    r.tick(1000.0)
+    assert r.role == "standby" and not link.reporting and link.follower.pair is None
+    lease.epoch = 4
+    r.pair_sync.caught_up_epoch = 4
+    r._update_role(1001.0)
+    r.tick(1001.0)
+    assert r.role == "active" and link.reporting and link.fence is not None and link.fence()
+    assert link.follower.pair == PairTag("b", 4)
+    assert link.follower.lifecycle == r.core.persisted.lifecycle.state
+    assert link.follower.alarms is not None
+    lease.epoch = 0                                    # fenced: no more writes, before a tick
+    assert not link.fence()
+    # a single instance reports at once, no pair, never fenced
+    one = Racky(RackyConfig.model_validate({**cfg.model_dump(mode="json"),
+                                            "leadership": {"enabled": False}}),
+                clock=FakeClock(start_mono=1000.0, start_wall_ns=int(WALL * 1e9)))
+    assert one.fleet is not None and one.fleet.reporting and one.fleet.fence is None
+    one.tick(1000.0)
+    assert one.fleet.reporting and one.fleet.follower.pair is None
