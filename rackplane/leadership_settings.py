@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rackplane.config import StrictModel
 from rackplane.core.leadership import JETSTREAM_ELECTION_MAX_S, LeaseTiming
+from rackplane.core.names import PAIR_INSTANCE_PATTERN
 
 __all__ = ["LeadershipSettings", "NatsKvSettings", "check_nats_servers"]
 
@@ -93,7 +94,7 @@ class LeadershipSettings(NatsKvSettings):
 
     enabled: bool = Field(False, description="run as one instance of a pair: actuator writes "
                           "only while holding the lease (false: single instance, as before)")
-    instance: str = Field("a", pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$",
+    instance: str = Field("a", pattern=PAIR_INSTANCE_PATTERN,
                           description="this instance's name in the pair, e.g. 'a' or 'b'")
     bucket: str = Field("rackplane_leases", pattern=r"^[A-Za-z0-9_-]{1,64}$",
                         description="the JetStream KV bucket of the leases (made when missing)")

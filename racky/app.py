@@ -42,6 +42,7 @@ from typing import Any, Unpack
 
 from rackplane.config import check_environment, check_writable_dir, load_config
 from rackplane.core.alarms import AlarmEvent
+from rackplane.core.budget_leases import PairTag
 from rackplane.core.envelope import alarm_payload
 from rackplane.core.registers import RegisterMap, load_register_map
 from rackplane.core.samples import Quality, Sample
@@ -256,6 +257,9 @@ class Racky(DaemonFrame[RackyConfig]):
                                    clock=clock)
             self.fleet.wake_tick = self.wake_tick  # a decrease, its read-back: tick now
             self.core.fleet_budget_w = self.fleet.dc_budget_w()
+            if ls is not None:  # one of a pair: only the active writes the report
+                self.fleet.reporting = False
+                self.fleet.fence = lambda: self.may_write(self.clock.monotonic())
 
     @classmethod
     def load_config(cls, path: str | os.PathLike[str]) -> RackyConfig:
@@ -354,8 +358,12 @@ class Racky(DaemonFrame[RackyConfig]):
             self.log.warning("validation_lost", reason="racky restarted or failed over while "
                              "validating: the run is gone, the lifecycle went back")
         eff = self.racky_tick.step(now, wall, telemetry_alarm_conditions(self.writer.stats))
-        if self.fleet is not None and self.is_active:  # a standby reports nothing to rlc
-            self.fleet.observe_core(self.core)
+        if self.fleet is not None:  # a standby reports nothing to rlc
+            if self.is_active:
+                ls, epoch = self.leadership_settings(), self.controller_epoch
+                pair = PairTag(ls.instance, epoch) if ls is not None and epoch >= 1 else None
+                self.fleet.observe_core(self.core, pair)
+            self.fleet.reporting = self.is_active
         if self.is_active:
             self.leases.tick(now, {})  # racky's safety acts through SAFETY_VERBS, not leases
         else:  # a pair's standby: the same lease rules, nothing published (the active's)

@@ -29,6 +29,16 @@ W): the P_max racky's facility-water derate works to from valvey's measured capa
 measured or its state is stale. rlc takes the lower of it and its configured figure
 (`rlc.core.cycle`).
 
+**Status** (report version 3): the rack's lifecycle state, its alarms (`AlarmSummary.of`
+racky's alarm bank: counts per severity, the most severe ids, bounded) and, for one of a
+racky pair, the active instance and its lease epoch (`PairTag`) go in the report too, for
+operators (``rackctl fleet status``); rlc never decides on them.
+
+**One writer.** Of a racky pair only the active instance writes the report: the daemon sets
+``reporting`` each tick (after `observe_core`, so a takeover's first report carries its own
+figures) and ``fence`` (the frame's ``may_write``: a fenced instance stops at once, not at its
+next tick). A standby keeps following the lease (its takeover starts from it).
+
 **Safe caps.** rlc counts on a rack whose racky went silent drawing at most its floor once the
 agents' cap TTL ran out: the agents then hold their safe caps. racky's config checks that with
 the safe cap it assumes (``agent_safe_gpu_cap_w``, `racky.fleet_settings.check_fleet`); the
@@ -56,7 +66,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
-from rackplane.core.budget_leases import BudgetLease, budget_key, rack_key
+from rackplane.core.budget_leases import (
+    AlarmSummary,
+    BudgetLease,
+    PairTag,
+    budget_key,
+    check_lifecycle,
+    rack_key,
+)
 from rackplane.io.nats.errors import KvError, KvUnknown
 from rackplane.log import get_logger
 from racky.core.budget import BudgetFollower, FleetSide, InputRatio
@@ -65,7 +82,8 @@ from racky.fleet_settings import FleetSettings
 if TYPE_CHECKING:
     from racky.core.controller import RackyCore
 
-__all__ = ["SAFE_CAP_TOLERANCE_W", "FleetLink", "agents_safe_figures", "rack_figures"]
+__all__ = ["SAFE_CAP_TOLERANCE_W", "FleetLink", "agents_safe_figures", "rack_figures",
+           "status_of"]
 
 SAFE_CAP_TOLERANCE_W = 1.0
 """A stated safe cap at most this above the assumed one is within it, W (an agent's rounding
@@ -131,6 +149,21 @@ def agents_safe_figures(core: RackyCore, assumed_gpu_w: float) -> tuple[float | 
     return (total if known else None), above
 
 
+def status_of(core: RackyCore) -> tuple[str | None, AlarmSummary | None]:
+    """(lifecycle, alarms) for the report: the persisted lifecycle state and the summary of
+    the alarm bank's alarms not normal; either None when it does not fit the report's bounds
+    (`rackplane.core.budget_leases`; never expected, never fatal)."""
+    try:
+        lifecycle: str | None = check_lifecycle(core.persisted.lifecycle.state)
+    except ValueError:
+        lifecycle = None
+    try:
+        alarms: AlarmSummary | None = AlarmSummary.of(core.bank.active())
+    except (ValueError, KeyError):
+        alarms = None
+    return lifecycle, alarms
+
+
 class FleetLink:
     """One rack's lease follower and reporter on the fleet bucket (module docstring).
 
@@ -156,6 +189,11 @@ class FleetLink:
         self.connected = False
         #: runs the daemon's tick now (module docstring: promptness); None: never woken
         self.wake_tick: Callable[[], None] | None = None
+        #: whether this instance writes the report (module docstring: one writer); a pair's
+        #: daemon sets it each tick, False until its first tick as active
+        self.reporting = True
+        #: asked before every report write when set (the frame's ``may_write`` now)
+        self.fence: Callable[[], bool] | None = None
         self._read_now = asyncio.Event()
         self._report_now = asyncio.Event()
         self._failing = False
@@ -184,9 +222,13 @@ class FleetLink:
         """The budget for racky's core (DC output, W; `FleetSide.dc_budget_w`)."""
         return self.side.dc_budget_w(*self._now())
 
-    def observe_core(self, core: RackyCore) -> None:
+    def observe_core(self, core: RackyCore, pair: PairTag | None = None) -> None:
         """After racky's step: its read-back (`rack_figures`) and the shelves' input and
-        output, converted to AC (`FleetSide.observe`)."""
+        output, converted to AC (`FleetSide.observe`), and the rack's status (`status_of`;
+        ``pair``: this instance and its epoch when one of a pair, None for one instance)."""
+        f = self.follower
+        f.lifecycle, f.alarms = status_of(core)
+        f.pair = pair
         drawable, demand = rack_figures(core)
         view = core.last.shelves if core.last is not None else None
         inp = None if view is None else view.rack_input_w
@@ -303,7 +345,9 @@ class FleetLink:
             wall, mono = self._now()
             rec = self.follower.report(wall, mono).as_record()
             content = {k: v for k, v in rec.items() if k != "at_s"}
-            if content != last or mono - sent_at >= self.settings.report_every_s:
+            if not (self.reporting and (self.fence is None or self.fence())):
+                last = None  # not the writer: once it is, it writes at once
+            elif content != last or mono - sent_at >= self.settings.report_every_s:
                 try:
                     await kv.put(self.rack_key, json.dumps(rec).encode())
                     self.stats["writes_ok"] += 1

@@ -13,31 +13,66 @@ bucket is defined here.
 - ``<site>.<rack>.rack`` (`rack_key`): written by that rack's racky only (plain put).
   Value: `RackReport.as_record`: what the rack wants (``demand_w``), the budget it enforces,
   its floor, the lease (epoch, seq) it acknowledges and its cooling capacity now
-  (``cooling_w``). Versioned (``version``, `REPORT_VERSION`): fields are only ever added, each
-  new one optional, and a record without it (an older racky) decodes it as None = unknown;
-  version 1 records carry no ``version`` key and neither ``agents_safe_w`` nor ``cooling_w``.
-  Native NATS subscribers never see MQTT retained messages, so this state goes through the
-  KV store, which survives rlc restarts and leader changes.
+  (``cooling_w``), and since version 3 the rack's status for operators (``lifecycle``,
+  ``alarms``: `AlarmSummary`, ``pair``: `PairTag`). Versioned (``version``,
+  `REPORT_VERSION`): fields are only ever added, each new one optional, and a record without
+  it (an older racky) decodes it as None = unknown; version 1 records carry no ``version``
+  key and neither ``agents_safe_w`` nor ``cooling_w``. Only the active instance of a racky
+  pair writes it. Native NATS subscribers never see MQTT retained messages, so this state
+  goes through the KV store, which survives rlc restarts and leader changes.
+
+**Status fields** (version 3; rlc carries them and never decides on them): each is bounded
+(`LIFECYCLE_PATTERN`, alarm ids `rackplane.core.names.ALARM_ID_PATTERN` and at most
+`REPORT_ALARM_IDS_MAX` of them, counts at most `REPORT_ALARM_COUNT_MAX`, the instance
+`rackplane.core.names.PAIR_INSTANCE_PATTERN`) and refused when it is not: a status field that
+does not decode is read as unknown and named in `RackReport.refused`, the rest of the record
+stands (a bad status field must not cost rlc a rack's report). A bad core field refuses the
+whole record, as before.
 
 **Clocks.** A lease's times are rlc's wall clock (Unix s), as are a report's ``at_s`` racky's:
 hosts keep NTP/PTP time and ``clock_margin_s`` covers their offset (`budget_lease_valid`).
 
 Errors: ``ValueError`` for a lease out of order (value not finite or < 0, expiry not after
-issue) and for records that do not decode (the message names the field).
+issue), a status field out of its bounds, and for records that do not decode (the message
+names the field).
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, get_args
 
-__all__ = ["DEFAULT_RACK_FLOOR_W", "REPORT_VERSION", "BudgetLease", "RackReport", "as_int",
-           "budget_key", "budget_lease_valid", "rack_key"]
+from rackplane.core.alarms import Severity
+from rackplane.core.names import ALARM_ID_PATTERN, PAIR_INSTANCE_PATTERN
 
-REPORT_VERSION = 2
+__all__ = ["ALARM_SEVERITIES", "DEFAULT_RACK_FLOOR_W", "LIFECYCLE_PATTERN",
+           "REPORT_ALARM_COUNT_MAX", "REPORT_ALARM_IDS_MAX", "REPORT_VERSION", "AlarmSummary",
+           "BudgetLease", "PairTag", "RackReport", "as_int", "budget_key", "budget_lease_valid",
+           "check_lifecycle", "rack_key"]
+
+REPORT_VERSION = 3
 """`RackReport`'s record version: 2 adds ``cooling_w``, ``power_w`` (and the ``version`` key
-itself)."""
+itself); 3 adds ``lifecycle``, ``alarms`` and ``pair``."""
+
+ALARM_SEVERITIES: tuple[str, ...] = get_args(Severity)
+"""The alarm severities, most severe first (`rackplane.core.alarms.Severity`)."""
+
+REPORT_ALARM_IDS_MAX = 8
+"""At most this many alarm ids in a report (`AlarmSummary.ids`: the most severe)."""
+
+REPORT_ALARM_COUNT_MAX = 100_000
+"""A count of alarms above this is refused (garbage, not a rack)."""
+
+LIFECYCLE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+"""A reported lifecycle state (racky's are ``provisioning``, ``validating``, ``production``,
+``maintenance``, ``quarantined``; a newer racky's new state still decodes)."""
+
+_ALARM_ID_RE = re.compile(ALARM_ID_PATTERN)
+_INSTANCE_RE = re.compile(PAIR_INSTANCE_PATTERN)
+_LIFECYCLE_RE = re.compile(LIFECYCLE_PATTERN)
 
 DEFAULT_RACK_FLOOR_W = 40_000.0
 """The default safe floor of a rack, W (AC input): rlc's topology ``floor_w`` of its embedded
@@ -134,6 +169,170 @@ def budget_lease_valid(lease: BudgetLease, now_wall_s: float, received_mono_s: f
     return now_wall_s < lease.expires_at_s and now_mono_s - received_mono_s < lease.life_s
 
 
+class AlarmLike(Protocol):
+    """What `AlarmSummary.of` reads of an alarm (`rackplane.core.alarms.AlarmSnapshot`)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def severity(self) -> str: ...
+    @property
+    def shelved(self) -> bool: ...
+
+
+def _count(v: Any, what: str) -> int:
+    n = as_int(v)
+    if not 0 <= n <= REPORT_ALARM_COUNT_MAX:
+        raise ValueError(f"{what}: {n} not within 0..{REPORT_ALARM_COUNT_MAX}")
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class AlarmSummary:
+    """A rack's alarms in its report (version 3), bounded whatever the number of alarms.
+
+    ``critical`` … ``warning``: the number of the alarms of that severity racky annunciates
+    now (active, or latched awaiting reset; not shelved); ``shelved``: the number of shelved
+    ones (in no severity count); ``ids``: the ids of at most `REPORT_ALARM_IDS_MAX`
+    annunciated alarms, most severe first, then oldest (racky's order).
+
+    Raises:
+        ValueError: a count or id out of its bounds, more ids than annunciated alarms.
+    """
+
+    critical: int = 0
+    major: int = 0
+    minor: int = 0
+    warning: int = 0
+    shelved: int = 0
+    ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for k in (*ALARM_SEVERITIES, "shelved"):
+            _count(getattr(self, k), f"alarm count {k}")
+        if len(self.ids) > min(REPORT_ALARM_IDS_MAX, self.total):
+            raise ValueError(f"alarm ids: {len(self.ids)} for {self.total} alarms "
+                             f"(at most {REPORT_ALARM_IDS_MAX})")
+        for aid in self.ids:
+            if not (isinstance(aid, str) and _ALARM_ID_RE.match(aid)):
+                raise ValueError(f"alarm id {str(aid)[:80]!r} does not match {ALARM_ID_PATTERN}")
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Severity → count, most severe first (every severity of `ALARM_SEVERITIES`)."""
+        return {k: getattr(self, k) for k in ALARM_SEVERITIES}
+
+    @property
+    def total(self) -> int:
+        """The annunciated alarms (Σ ``counts``)."""
+        return self.critical + self.major + self.minor + self.warning
+
+    @property
+    def worst(self) -> str | None:
+        """The most severe severity annunciated now; None: none."""
+        return next((k for k in ALARM_SEVERITIES if self.counts[k]), None)
+
+    @classmethod
+    def of(cls, alarms: Iterable[AlarmLike]) -> AlarmSummary:
+        """The summary of racky's alarms not normal (`racky.core.alarmbank.AlarmBank.active`:
+        most severe first, then oldest; ``ids`` keep that order within a severity)."""
+        counts = dict.fromkeys(ALARM_SEVERITIES, 0)
+        shelved = 0
+        shown: list[tuple[int, int, str]] = []
+        rank = {k: i for i, k in enumerate(ALARM_SEVERITIES)}
+        for i, a in enumerate(alarms):
+            if a.shelved:
+                shelved += 1
+                continue
+            counts[a.severity] += 1
+            shown.append((rank[a.severity], i, a.id))
+        ids = tuple(aid for _, _, aid in sorted(shown)[:REPORT_ALARM_IDS_MAX])
+        return cls(**counts, shelved=shelved, ids=ids)
+
+    def as_record(self) -> dict[str, Any]:
+        """The JSON-able record: ``{"counts": {severity: n}, "shelved": n, "ids": [...]}``."""
+        return {"counts": self.counts, "shelved": self.shelved, "ids": list(self.ids)}
+
+    @classmethod
+    def from_record(cls, d: Any) -> AlarmSummary:
+        """Decode `as_record`'s output (keys other than those are ignored).
+
+        Raises:
+            ValueError: not an object, a field missing, mistyped or out of its bounds.
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError("alarms: not an object")
+        counts, ids = d.get("counts"), d.get("ids", [])
+        if not isinstance(counts, Mapping):
+            raise ValueError("alarms.counts: not an object")
+        if not isinstance(ids, list) or len(ids) > REPORT_ALARM_IDS_MAX:
+            raise ValueError(f"alarms.ids: not a list of at most {REPORT_ALARM_IDS_MAX}")
+        if set(counts) != set(ALARM_SEVERITIES):
+            raise ValueError(f"alarms.counts: severities {sorted(map(str, counts))[:8]} are "
+                             f"not {list(ALARM_SEVERITIES)}")
+        try:
+            return cls(**{k: counts[k] for k in ALARM_SEVERITIES}, shelved=d.get("shelved", 0),
+                       ids=tuple(ids))
+        except TypeError as err:
+            raise ValueError(f"alarms: {err}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class PairTag:
+    """The racky pair instance that wrote the report (the active one) and its fencing epoch
+    (its leadership lease's epoch, ≥ 1). A single instance reports none (``pair`` null).
+
+    Raises:
+        ValueError: an instance not matching `rackplane.core.names.PAIR_INSTANCE_PATTERN`,
+            an epoch not an integer ≥ 1.
+    """
+
+    instance: str
+    epoch: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.instance, str) and _INSTANCE_RE.match(self.instance)):
+            raise ValueError(f"pair instance {str(self.instance)[:80]!r} does not match "
+                             f"{PAIR_INSTANCE_PATTERN}")
+        if as_int(self.epoch) < 1:
+            raise ValueError(f"pair epoch {self.epoch} must be >= 1")
+
+    def as_record(self) -> dict[str, Any]:
+        """``{"instance": ..., "epoch": ...}``."""
+        return {"instance": self.instance, "epoch": self.epoch}
+
+    @classmethod
+    def from_record(cls, d: Any) -> PairTag:
+        """Decode `as_record`'s output. Raises ValueError: not that object."""
+        if not isinstance(d, Mapping):
+            raise ValueError("pair: not an object")
+        try:
+            return cls(d["instance"], d["epoch"])
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"pair: {err!r}") from None
+
+
+def check_lifecycle(v: Any) -> str:
+    """``v`` when a lifecycle state string (`LIFECYCLE_PATTERN`). Raises ValueError."""
+    if not (isinstance(v, str) and _LIFECYCLE_RE.match(v)):
+        raise ValueError(f"lifecycle {str(v)[:80]!r} does not match {LIFECYCLE_PATTERN}")
+    return v
+
+
+def _status_field(d: Mapping[str, Any], name: str, decode: Callable[[Any], Any],
+                  refused: list[str]) -> Any:
+    """A status field of a report record: None when absent or null, else decoded; one that
+    does not decode is None and its name goes to ``refused``."""
+    v = d.get(name)
+    if v is None:
+        return None
+    try:
+        return decode(v)
+    except (ValueError, TypeError):
+        refused.append(name)
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class RackReport:
     """racky's report in its rack key (module docstring). W and s.
@@ -156,8 +355,12 @@ class RackReport:
     racky's derate does not use the measurement). Both absent in an older racky's record
     (decoded as None). ``power_w``: what the rack draws from its feed now (the shelves' AC
     input, W, rounded to 100 W; None: not every shelf reports it), for rlc's telemetry only
-    (the allocation never uses it). ``version``: the record's (`REPORT_VERSION`; 1 for a
-    record without).
+    (the allocation never uses it). ``lifecycle``: the rack's lifecycle state
+    (`LIFECYCLE_PATTERN`), ``alarms``: its alarms (`AlarmSummary`), ``pair``: the instance
+    of a racky pair that wrote it and its epoch (`PairTag`; None from a single instance): the
+    status fields (module docstring), None in an older record. ``refused``: the status
+    fields present in the record that did not decode (read as None; never written).
+    ``version``: the record's (`REPORT_VERSION`; 1 for a record without).
     """
 
     rack: str
@@ -171,7 +374,15 @@ class RackReport:
     agents_safe_w: float | None = None
     cooling_w: float | None = None
     power_w: float | None = None
+    lifecycle: str | None = None
+    alarms: AlarmSummary | None = None
+    pair: PairTag | None = None
     version: int = REPORT_VERSION
+    refused: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.lifecycle is not None:
+            check_lifecycle(self.lifecycle)
 
     def as_record(self) -> dict[str, Any]:
         """The JSON-able record (KV value)."""
@@ -180,11 +391,21 @@ class RackReport:
                 "acked": None if self.acked is None else list(self.acked),
                 "lease_valid": self.lease_valid, "at_s": self.at_s,
                 "agents_safe_w": self.agents_safe_w, "cooling_w": self.cooling_w,
-                "power_w": self.power_w, "version": self.version}
+                "power_w": self.power_w, "lifecycle": self.lifecycle,
+                "alarms": None if self.alarms is None else self.alarms.as_record(),
+                "pair": None if self.pair is None else self.pair.as_record(),
+                "version": self.version}
 
     @classmethod
     def from_record(cls, d: dict[str, Any]) -> RackReport:
-        """Decode `as_record`'s output. Raises ValueError for a missing or mistyped field."""
+        """Decode `as_record`'s output. Raises ValueError for a missing or mistyped core
+        field; a status field that does not decode is None and named in ``refused``."""
+        if not isinstance(d, Mapping):
+            raise ValueError("rack report record: not an object")
+        refused: list[str] = []
+        lifecycle = _status_field(d, "lifecycle", check_lifecycle, refused)
+        alarms = _status_field(d, "alarms", AlarmSummary.from_record, refused)
+        pair = _status_field(d, "pair", PairTag.from_record, refused)
         try:
             ack = d["acked"]
             dem, dr, sf = d["demand_w"], d["drawable_w"], d.get("agents_safe_w")
@@ -196,7 +417,9 @@ class RackReport:
                        lease_valid=bool(d["lease_valid"]), at_s=float(d["at_s"]),
                        agents_safe_w=None if sf is None else float(sf),
                        cooling_w=None if cw is None else float(cw),
-                       power_w=None if pw is None else float(pw),
-                       version=as_int(d.get("version", 1)))
+                       power_w=None if pw is None else float(pw), lifecycle=lifecycle,
+                       alarms=alarms, pair=pair, version=as_int(d.get("version", 1)),
+                       refused=tuple(refused))
         except (KeyError, TypeError, IndexError) as err:
             raise ValueError(f"rack report record: {err!r}") from None
+

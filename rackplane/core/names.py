@@ -26,6 +26,7 @@ __all__ = [
     "ALARM_ID_PATTERN",
     "ALARM_SUBJECT_SEPARATOR",
     "CLIENT_ID_MAX",
+    "PAIR_INSTANCE_PATTERN",
     "TOPIC_LEVEL_MAX",
     "TOPIC_LEVEL_PATTERN",
     "alarm_id",
@@ -42,6 +43,10 @@ TOPIC_LEVEL_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_:-]{0,63}$"
 
 ALARM_ID_PATTERN: Final = r"^[a-z0-9][a-z0-9_:-]{0,63}$"
 """An alarm id: a lowercase topic level (``kind`` or ``kind:subject``)."""
+
+PAIR_INSTANCE_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+"""An instance's name in a redundant pair (``[leadership] instance``: ``a``, ``b``), 1-32
+characters; part of a lease owner, a client id and an alarm id."""
 
 ALARM_SUBJECT_SEPARATOR: Final = ":"
 """Between an alarm's kind and its subject (``link_flapping:gpu07-nic1``)."""

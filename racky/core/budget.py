@@ -31,7 +31,13 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from rackplane.core.budget_leases import BudgetLease, RackReport, budget_lease_valid
+from rackplane.core.budget_leases import (
+    AlarmSummary,
+    BudgetLease,
+    PairTag,
+    RackReport,
+    budget_lease_valid,
+)
 
 __all__ = ["COOLING_REPORT_STEP_W", "POWER_REPORT_STEP_W", "SAFE_REPORT_STEP_W",
            "BudgetFollower", "FleetSide", "InputRatio"]
@@ -73,6 +79,13 @@ class BudgetFollower:
     `FleetSide.observe`; None: not known)."""
     power_w: float | None = None
     """The shelves' AC input now, W (`RackReport.power_w`; set by `FleetSide.observe`)."""
+    lifecycle: str | None = None
+    """The rack's lifecycle state (`RackReport.lifecycle`; set by `racky.fleet.FleetLink`)."""
+    alarms: AlarmSummary | None = None
+    """The rack's alarms (`RackReport.alarms`; set by `racky.fleet.FleetLink`)."""
+    pair: PairTag | None = None
+    """The active instance of a racky pair and its epoch (`RackReport.pair`; None: a single
+    instance; set by racky's tick)."""
 
     def offer(self, lease: BudgetLease, now_mono_s: float) -> bool:
         """A lease read from the store: taken when for this rack and newer than the one held
@@ -125,7 +138,8 @@ class BudgetFollower:
                           drawable_w=self.drawable_w, acked=self.acked,
                           lease_valid=self.valid(now_wall_s, now_mono_s), at_s=now_wall_s,
                           agents_safe_w=self.agents_safe_w, cooling_w=self.cooling_w,
-                          power_w=self.power_w)
+                          power_w=self.power_w, lifecycle=self.lifecycle, alarms=self.alarms,
+                          pair=self.pair)
 
 
 @dataclass

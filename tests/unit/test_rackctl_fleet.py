@@ -1,14 +1,17 @@
 """`rackctl.fleet.FleetView` (pure): what a rack may draw by rlc's rule from its budget record
 (the lease in force, else the floor; an older higher grant until its expiry), records that do
-not decode, and rlc's cross-checks of the report (the command itself:
-tests/integration/test_rackctl_fleet.py)."""
+not decode, and rlc's cross-checks of the report; each rack's lifecycle, power vs lease vs
+cooling, alarms and controller pair (table and --json; unknown from an older racky), the
+row's power Σ (the command itself: tests/integration/test_rackctl_fleet.py)."""
 
 from __future__ import annotations
 
 import json
 
-from rackctl.fleet import FleetView, RackPlace
-from rackplane.core.budget_leases import BudgetLease, RackReport
+from rich.console import Console
+
+from rackctl.fleet import FleetView, RackPlace, render
+from rackplane.core.budget_leases import AlarmSummary, BudgetLease, PairTag, RackReport
 
 NOW = 1.8e9
 
@@ -53,3 +56,88 @@ def test_records_that_do_not_decode_and_cross_checks_are_problems() -> None:
     # floor_below alone is harmless: still ok
     rep = RackReport("ra", None, 20_000.0, 15_000.0, None, None, False, NOW, None)
     assert _view(_budget(30_000.0, 5.0), (2, json.dumps(rep.as_record()).encode()))["ok"]
+
+
+ALARMS = AlarmSummary(critical=1, minor=2, shelved=1, ids=("leak_rope", "cap_drift:tray05"))
+PAIR_B4 = PairTag("b", 4)
+
+
+def _rep(*, at_s: float = NOW - 2.0, power_w: float | None = 38_200.0,
+         tag: PairTag | None = PAIR_B4, drop: tuple[str, ...] = (),
+         **over: object) -> tuple[int, bytes]:
+    rep = RackReport("ra", 55_000.0, 30_000.0, 20_000.0, 29_000.0, (3, 4), True, at_s,
+                     None, 61_500.0, power_w, lifecycle="production", alarms=ALARMS, pair=tag)
+    rec = {k: v for k, v in rep.as_record().items() if k not in drop}
+    return 2, json.dumps({**rec, **over}).encode()
+
+
+def _text(summary: dict[str, object]) -> str:
+    con = Console(record=True, width=400)
+    con.print(render(summary))
+    return con.export_text()
+
+
+def _cells(text: str) -> tuple[list[str], list[str]]:
+    """Rack ra's cells in the budget table and in the status table."""
+    lines = [x for x in text.splitlines() if x.startswith("│ ra ")]
+    assert len(lines) == 2, text
+    budget, status = ([c.strip() for c in x.split("│")[1:-1]] for x in lines)
+    return budget, status
+
+
+def _stale_view(report: tuple[int, bytes]) -> dict[str, object]:
+    return FleetView("lab", {"h/r": 50_000.0}, [RackPlace("ra", "h/r", 20_000.0)],
+                     {"ra": _budget(30_000.0, 5.0)}, {"ra": report}, 5.0).summary(NOW)
+
+
+def test_each_rack_shows_lifecycle_power_lease_cooling_alarms_and_pair() -> None:
+    s = _view(_budget(30_000.0, 5.0), _rep())
+    row = s["rows"]["h/r"]  # type: ignore[index]
+    rep = row["racks"]["ra"]["report"]
+    assert (rep["lifecycle"], rep["power_w"], rep["cooling_w"], rep["version"]) == (
+        "production", 38_200.0, 61_500.0, 3)
+    assert rep["alarms"] == {"counts": {"critical": 1, "major": 0, "minor": 2, "warning": 0},
+                             "shelved": 1, "ids": ["leak_rope", "cap_drift:tray05"],
+                             "worst": "critical"}
+    assert rep["pair"] == {"instance": "b", "epoch": 4} and rep["single_instance"] is False
+    assert (row["power_w"], row["power_racks"]) == (38_200.0, 1)
+    assert s["ok"]                                   # a critical alarm changes no exit code
+    text = _text(s)
+    assert "row h/r: limit 50.0 kW, drawing 38.2 kW, leases in force 30.0 kW" in text
+    budget, status = _cells(text)
+    assert budget[:5] == ["ra", "38.2", "30.0", "61.5", "30.0"]   # power, lease, cooling
+    assert status == ["ra", "production", "b/4",
+                      "1 critical, 2 minor: leak_rope, cap_drift:tray05 +1 (1 shelved)"]
+    # a single instance says so
+    s = _view(_budget(30_000.0, 5.0), _rep(tag=None))
+    rep = s["rows"]["h/r"]["racks"]["ra"]["report"]  # type: ignore[index]
+    assert rep["pair"] is None and rep["single_instance"] is True
+    assert _cells(_text(s))[1][2] == "single"
+
+
+def test_an_older_racky_shows_unknown_and_a_bad_status_field_is_a_problem() -> None:
+    v2 = _rep(drop=("lifecycle", "alarms", "pair"), version=2)
+    s = _view(_budget(30_000.0, 5.0), v2)
+    rep = s["rows"]["h/r"]["racks"]["ra"]["report"]  # type: ignore[index]
+    assert (rep["lifecycle"], rep["alarms"], rep["pair"], rep["single_instance"]) == (
+        None, None, None, None)
+    assert s["ok"] and rep["demand_w"] == 55_000.0
+    assert _cells(_text(s))[1] == ["ra", "?", "?", "?"]      # lifecycle, pair, alarms
+    s = _view(_budget(30_000.0, 5.0), _rep(pair={"instance": "B", "epoch": 4}))
+    ra = s["rows"]["h/r"]["racks"]["ra"]  # type: ignore[index]
+    assert ra["problems"] == ["bad_status"] and not s["ok"]
+    assert ra["report"]["pair"] is None and ra["report"]["single_instance"] is None
+    assert ra["report"]["lifecycle"] == "production"        # the rest stands
+
+
+def test_a_stale_report_or_one_without_power_leaves_the_rows_power_unknown() -> None:
+    s = _stale_view(_rep(at_s=NOW - 2.0))
+    assert s["rows"]["h/r"]["power_w"] == 38_200.0  # type: ignore[index]
+    s = _stale_view(_rep(at_s=NOW - 9.0))                       # older than 5 s
+    row = s["rows"]["h/r"]  # type: ignore[index]
+    assert row["racks"]["ra"]["report"]["stale"] and row["power_w"] is None
+    assert row["power_racks"] == 0 and s["ok"]
+    text = _text(s)
+    assert "drawing ? kW (0 of 1 racks report)" in text and "9.0 stale" in text
+    s = _stale_view(_rep(power_w=None))
+    assert s["rows"]["h/r"]["power_w"] is None  # type: ignore[index]

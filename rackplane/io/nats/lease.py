@@ -35,6 +35,7 @@ from rackplane.core.leadership import (
     Op,
     Step,
 )
+from rackplane.core.names import PAIR_INSTANCE_PATTERN
 from rackplane.io.cancel import raise_if_cancelling
 from rackplane.io.nats.errors import KvConflict, KvUnknown
 from rackplane.log import get_logger
@@ -44,7 +45,7 @@ __all__ = ["KvStore", "LeaseRunner", "lease_key"]
 log = get_logger(__name__)
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-INSTANCE_PATTERN: Final = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+INSTANCE_PATTERN: Final = PAIR_INSTANCE_PATTERN
 _INSTANCE = re.compile(INSTANCE_PATTERN)
 
 
