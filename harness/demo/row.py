@@ -30,9 +30,24 @@ from harness.demo.procs import RACKY_BUDGET_W
 from harness.demo.record import Recorder
 from harness.demo.summary import BAND_K, DemoSummary, print_summary, summary_markdown
 
-__all__ = ["ROW_LIMIT_PER_RACK_W", "ROW_SAMPLE_MAX_AGE_S", "ROW_STEP_S", "RowSummary",
-           "print_row_summary", "rack_power_series", "row_figures", "row_markdown", "row_power",
-           "row_power_item", "row_t0", "row_view", "write_row_plot"]
+__all__ = [
+    "ROW_LIMIT_PER_RACK_W",
+    "ROW_SAMPLE_MAX_AGE_S",
+    "ROW_STEP_S",
+    "RowSummary",
+    "latest_rack_power_w",
+    "print_row_summary",
+    "rack_power_series",
+    "row_figures",
+    "row_line",
+    "row_markdown",
+    "row_power",
+    "row_power_item",
+    "row_power_now_w",
+    "row_t0",
+    "row_view",
+    "write_row_plot",
+]
 
 ROW_LIMIT_PER_RACK_W = RACKY_BUDGET_W
 """The row limit's share of each rack, W: the row limit is N × this, and each racky's budget
@@ -155,6 +170,31 @@ def row_figures(points: Sequence[tuple[float, float | None]], limit_w: float
             "over_limit_instants": sum(1 for _, p in heard if p > limit_w)}
 
 
+def latest_rack_power_w(rec: Recorder) -> float | None:
+    """racky's last rack power of a rack, W; None when none, or older than
+    `ROW_SAMPLE_MAX_AGE_S` against the rack's latest plant telemetry."""
+    rp = rec.rack_power[-1] if rec.rack_power else {}
+    w = rp.get("rack_power_w")
+    if not isinstance(w, (int, float)) or not rec.plant:
+        return None
+    return float(w) if float(rec.plant[-1]["t_s"]) - float(rp["t_s"]) <= ROW_SAMPLE_MAX_AGE_S \
+        else None
+
+
+def row_power_now_w(recs: Sequence[Recorder]) -> float | None:
+    """Σ of the racks' `latest_rack_power_w`, W; None while any rack has none."""
+    ws = [latest_rack_power_w(r) for r in recs]
+    return None if any(w is None for w in ws) else sum(w for w in ws if w is not None)
+
+
+def row_line(recs: Sequence[Recorder], limit_w: float) -> Text:
+    """The row's power against its limit, now (green within, red above or unknown)."""
+    total_w = row_power_now_w(recs)
+    style = "green" if total_w is not None and total_w <= limit_w else "red"
+    return Text(f"row: Σ rack power {_kw(total_w)} kW / row limit {limit_w / 1000:.0f} kW"
+                f" (row without rlc: static racky budgets)", style=style)
+
+
 def _kw(w: Any) -> str:
     return "—" if not isinstance(w, (int, float)) else f"{w / 1000:.1f}"
 
@@ -167,16 +207,12 @@ def row_view(recs: Sequence[tuple[str, Recorder]], limit_w: float, elapsed: floa
     for col in ("rack", "plant t", "load kW", "supply err K", "valve %", "power / budget kW",
                 "lifecycle", "valvey / racky", "duty pump", "alarms"):
         tbl.add_column(col)
-    latest: list[float | None] = []
     for name, rec in recs:
         p = rec.plant[-1] if rec.plant else {}
         lp = rec.loop[-1] if rec.loop else {}
         sp, pv = lp.get("setpoint_c"), lp.get("supply_temp_c")
         err = None if sp is None or pv is None else pv - sp
         rp = rec.rack_power[-1] if rec.rack_power else {}
-        fresh = (rp and rec.plant and float(rec.plant[-1]["t_s"]) - float(rp["t_s"])
-                 <= ROW_SAMPLE_MAX_AGE_S)
-        latest.append(rp.get("rack_power_w") if fresh else None)
         lc = (rec.rack.get("lifecycle") or {}).get("state", "—")
         tbl.add_row(
             name, "—" if not p else f"{float(p['t_s']):.0f} s",
@@ -190,18 +226,13 @@ def row_view(recs: Sequence[tuple[str, Recorder]], limit_w: float, elapsed: floa
             str(rec.pumps[-1]["duty"]) if rec.pumps else "—",
             Text(", ".join(sorted(rec.alarms)) or "none",
                  style="red" if rec.alarms else "green"))
-    known = [w for w in latest if isinstance(w, (int, float))]
-    total_w = sum(known) if len(known) == len(latest) else None
-    style = "green" if total_w is not None and total_w <= limit_w else "red"
-    row_line = Text(f"row: Σ rack power {_kw(total_w)} kW / row limit {limit_w / 1000:.0f} kW"
-                    f" (row without rlc: static racky budgets)", style=style)
     t0 = row_t0([r for _, r in recs]) or 0.0
     events = sorted((_row_t(rec, t, t0), f"{name}: {e}") for name, rec in recs
                     for t, e in rec.events)
     ev = Text("\n".join(f"{t:5.0f} s  {e}" for t, e in events[-10:]) or "none yet")
     return Group(
-        Panel(Group(tbl, row_line), title=f"rackplane demo: a row of {len(recs)} racks "
-                                           f"({broker})",
+        Panel(Group(tbl, row_line([r for _, r in recs], limit_w)),
+              title=f"rackplane demo: a row of {len(recs)} racks ({broker})",
               subtitle=f"{elapsed:5.0f} / {total:.0f} s"),
         Panel(ev, title="alarms and actions (row time)", subtitle=faults or None),
         Text("Ctrl-C stops early; the summary and plots are written either way.", style="dim"),

@@ -44,6 +44,7 @@ from harness.demo.row import (
     RowSummary,
     rack_power_series,
     row_figures,
+    row_line,
     row_markdown,
     row_power,
     row_power_item,
@@ -307,6 +308,10 @@ async def run_demo(
                     for r in row:
                         _print_progress(console, r.rec, elapsed, total,
                                         "" if len(row) == 1 else r.name)
+                    if len(row) > 1:
+                        console.print(f"[{elapsed:5.0f}/{total:.0f} s] "
+                                      f"{row_line([r.rec for r in row], row_limit_w)}",
+                                      markup=False, highlight=False, soft_wrap=True)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.5)
     finally:
@@ -345,6 +350,7 @@ def _print_progress(console: Console, rec: Any, elapsed: float, total: float,
         f"alarms {', '.join(sorted(rec.alarms)) or 'none'}",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
 
 
