@@ -35,6 +35,7 @@ __all__ = [
     "ROW_SAMPLE_MAX_AGE_S",
     "ROW_STEP_S",
     "RowSummary",
+    "held_at",
     "latest_rack_power_w",
     "print_row_summary",
     "rack_power_series",
@@ -102,6 +103,16 @@ def row_power(series: Sequence[Sequence[tuple[float, float]]], step_s: float = R
                 continue
             total += s[i][1]
         out.append((t, total))
+    return out
+
+
+def held_at(series: Sequence[tuple[float, float]], times: Sequence[float]) -> list[float]:
+    """A rack's last sample at or before each of ``times`` (W; 0 before its first)."""
+    ts = [t for t, _ in series]
+    out = []
+    for t in times:
+        i = bisect.bisect_right(ts, t + 1e-9) - 1
+        out.append(series[i][1] if i >= 0 else 0.0)
     return out
 
 
@@ -252,14 +263,19 @@ def write_row_plot(path: Path, recs: Sequence[tuple[str, Recorder]],
 
     t0 = row_t0([r for _, r in recs]) or 0.0
     fig, ax = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    nan = float("nan")
     for name, rec in recs:
-        s = rack_power_series(rec, t0)
-        ax[0].plot([t for t, _ in s], [w / 1000 for _, w in s], lw=1, label=f"{name} (racky)")
         ax[1].plot([_row_t(rec, r["t_s"], t0) for r in rec.loop],
-                   [(r.get("supply_temp_c") or 0) - (r.get("setpoint_c") or 0) for r in rec.loop],
+                   [nan if r.get("supply_temp_c") is None or r.get("setpoint_c") is None
+                    else r["supply_temp_c"] - r["setpoint_c"] for r in rec.loop],
                    lw=1, label=name)
-    ax[0].plot([t for t, p in points], [None if p is None else p / 1000 for _, p in points],
-               color="k", lw=2, label="row Σ")
+    # the racks' power stacked (each rack's held sample at the row's instants): the top of
+    # the stack is the row's Σ
+    heard = [t for t, p in points if p is not None]
+    if heard:
+        stacks = [[w / 1000 for w in held_at(rack_power_series(rec, t0), heard)]
+                  for _, rec in recs]
+        ax[0].stackplot(heard, stacks, labels=[f"{n} (racky)" for n, _ in recs], alpha=0.6)
     ax[0].axhline(limit_w / 1000, color="tab:red", ls="--", lw=1, label="row limit")
     ax[0].set_ylabel("kW")
     ax[0].legend(loc="center right", fontsize=8)

@@ -222,8 +222,8 @@ def write_plot(path: Path, sc: Scenario, rec: Recorder, rack: str | None = None)
     ax[2].set_ylabel("kW")
     ax[2].set_xlabel("plant time, s")
     ax[2].legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"valvey and racky on {f'rack {rack}' if rack else 'the virtual rack'}: "
-                 f"{sc.description}", fontsize=10)
+    fig.suptitle(f"valvey and racky on rack {rack}:\n{sc.description}" if rack else
+                 f"valvey and racky on the virtual rack: {sc.description}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
