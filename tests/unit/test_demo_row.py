@@ -141,3 +141,10 @@ def test_the_live_view_shows_a_line_per_rack_and_the_row_against_its_limit() -> 
     console = Console(record=True, width=200)
     console.print(row_view([("r12", r12), ("r13", r13)], 280_000.0, 5.0, 60.0, "connected", ""))
     assert "row: Σ rack power — kW" in console.export_text()
+
+
+def test_the_row_plot_stacks_each_rack_at_its_last_sample() -> None:
+    from harness.demo.row import held_at
+
+    s = [(1.0, 10.0), (2.0, 20.0), (4.0, 40.0)]
+    assert held_at(s, [0.5, 1.0, 3.9, 4.0, 9.0]) == [0.0, 10.0, 20.0, 40.0, 40.0]
