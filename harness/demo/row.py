@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -214,10 +215,12 @@ def row_view(recs: Sequence[tuple[str, Recorder]], limit_w: float, elapsed: floa
              total: float, broker: str, faults: str) -> Group:
     """The live view of a row: a line per rack, the row's power against its limit, the
     latest alarms and actions of all racks (row time)."""
-    tbl = Table(show_header=True, header_style="bold", expand=False)
-    for col in ("rack", "plant t", "load kW", "supply err K", "valve %", "power / budget kW",
-                "lifecycle", "valvey / racky", "duty pump", "alarms"):
-        tbl.add_column(col)
+    tbl = Table(show_header=True, header_style="bold", expand=False, box=box.SIMPLE_HEAD,
+                pad_edge=False)
+    for col in ("rack", "plant s", "load kW", "err K", "valve %", "power/budget kW",
+                "lifecycle", "pump", "daemons"):
+        tbl.add_column(col, no_wrap=True)
+    alarms = Text("active alarms:")
     for name, rec in recs:
         p = rec.plant[-1] if rec.plant else {}
         lp = rec.loop[-1] if rec.loop else {}
@@ -225,24 +228,27 @@ def row_view(recs: Sequence[tuple[str, Recorder]], limit_w: float, elapsed: floa
         err = None if sp is None or pv is None else pv - sp
         rp = rec.rack_power[-1] if rec.rack_power else {}
         lc = (rec.rack.get("lifecycle") or {}).get("state", "—")
+        up = rec.valvey_status == "online" and rec.racky_status == "online"
         tbl.add_row(
-            name, "—" if not p else f"{float(p['t_s']):.0f} s",
+            name, "—" if not p else f"{float(p['t_s']):.0f}",
             _kw(p.get("rack_power_w")),
             Text("—" if err is None else f"{err:+.2f}",
                  style="green" if err is not None and abs(err) <= BAND_K else "yellow"),
             "—" if lp.get("valve_command_pct") is None else f"{lp['valve_command_pct']:.1f}",
-            f"{_kw(rp.get('rack_power_w'))} / {_kw(rec.rack.get('budget_w'))}",
+            f"{_kw(rp.get('rack_power_w'))}/{_kw(rec.rack.get('budget_w'))}",
             Text(str(lc), style="green" if lc == "production" else "yellow"),
-            f"{rec.valvey_status} / {rec.racky_status}",
             str(rec.pumps[-1]["duty"]) if rec.pumps else "—",
-            Text(", ".join(sorted(rec.alarms)) or "none",
-                 style="red" if rec.alarms else "green"))
+            Text("online" if up else f"v {rec.valvey_status}, r {rec.racky_status}",
+                 style="green" if up else "yellow"))
+        alarms.append(f"\n  {name}: ")
+        alarms.append(", ".join(sorted(rec.alarms)) or "none",
+                      style="red" if rec.alarms else "green")
     t0 = row_t0([r for _, r in recs]) or 0.0
     events = sorted((_row_t(rec, t, t0), f"{name}: {e}") for name, rec in recs
                     for t, e in rec.events)
     ev = Text("\n".join(f"{t:5.0f} s  {e}" for t, e in events[-10:]) or "none yet")
     return Group(
-        Panel(Group(tbl, row_line([r for _, r in recs], limit_w)),
+        Panel(Group(tbl, alarms, row_line([r for _, r in recs], limit_w)),
               title=f"rackplane demo: a row of {len(recs)} racks ({broker})",
               subtitle=f"{elapsed:5.0f} / {total:.0f} s"),
         Panel(ev, title="alarms and actions (row time)", subtitle=faults or None),
