@@ -39,6 +39,7 @@ __all__ = [
     "held_at",
     "latest_rack_power_w",
     "print_row_summary",
+    "rack_lines",
     "rack_power_series",
     "row_figures",
     "row_line",
@@ -307,10 +308,23 @@ def _check_lines(items: Sequence[dict[str, Any]]) -> list[str]:
     return [f"[{'x' if c['ok'] else ' '}] {c['label']}: {c['detail']}" for c in items]
 
 
+def rack_lines(s: RowSummary) -> list[str]:
+    """A line per rack: its checklist items checked, its lifecycle, its alarms raised."""
+    out = []
+    for r in s.racks:
+        ok = sum(1 for c in r.checklist if c["ok"])
+        raised = [a.split(" ")[2] for a in r.alarms_raised if " raised" in a]
+        out.append(f"{r.rack}: {ok}/{len(r.checklist)} checklist items checked; lifecycle "
+                   f"{r.racky.lifecycle if r.racky else '—'}; alarms raised: "
+                   f"{', '.join(raised) or 'none'}")
+    return out
+
+
 def row_markdown(s: RowSummary) -> str:
     """Each rack's summary (Markdown), then the row's."""
     parts = [f"## rack {r.rack}\n\n{summary_markdown(r)}" for r in s.racks]
     row = [f"## the row ({len(s.racks)} racks)", "", s.coordination, "",
+           *[f"- {x}" for x in rack_lines(s)],
            *[f"- {x}" for x in _check_lines(s.checklist)], "",
            f"Row plot: {s.plot or 'not written'}."]
     return "\n".join(parts) + "\n" + "\n".join(row) + "\n"
@@ -323,6 +337,8 @@ def print_row_summary(s: RowSummary, console: Console) -> None:
         print_summary(r, console)
     console.rule(f"the row: {len(s.racks)} racks")
     console.print(s.coordination, markup=False, highlight=False)
+    for line in rack_lines(s):
+        console.print(f"  {line}", markup=False, highlight=False)
     for line, c in zip(_check_lines(s.checklist), s.checklist, strict=True):
         console.print(f"  {line}", style=None if c["ok"] else "yellow", markup=False,
                       highlight=False)

@@ -149,3 +149,34 @@ def test_the_row_plot_stacks_each_rack_at_its_last_sample() -> None:
 
     s = [(1.0, 10.0), (2.0, 20.0), (4.0, 40.0)]
     assert held_at(s, [0.5, 1.0, 3.9, 4.0, 9.0]) == [0.0, 10.0, 20.0, 40.0, 40.0]
+
+
+def test_the_row_summary_names_each_rack_and_the_row_item() -> None:
+    from harness.demo import DemoSummary, RackySummary, RowSummary
+    from harness.demo.row import rack_lines, row_markdown
+
+    def rack(name: str, oks: list[bool], alarms: list[str], lc: str) -> DemoSummary:
+        return DemoSummary(
+            scenario="demo-load-step", duration_s=170.0, steps=[], points_spooled=1,
+            spool_dir="s", valvey_exit_code=0, alarms_raised=alarms, plot=None, trace_csv="t",
+            run_dir=name, max_gpu_tj_c=None, rack=name,
+            racky=RackySummary(lc, None, 1.0, 1, "8/8", 1.0, 1.0, "budget", 0.0),
+            checklist=[{"label": f"item {i}", "ok": ok, "detail": "d"}
+                       for i, ok in enumerate(oks)])
+
+    item = row_power_item([(1.0, 250_000.0)], 280_000.0, 2)
+    s = RowSummary(
+        racks=[rack("r12", [True, True, False], ["105 s racky:link_flapping:gpu07-nic1 raised",
+                                                 "120 s racky:link_flapping:gpu07-nic1 cleared"],
+                    "quarantined"),
+               rack("r13", [True], [], "production")],
+        row_limit_w=280_000.0, budgets_w={"r12": 140_000.0, "r13": 140_000.0},
+        checklist=[item.as_dict()], plot="row.png", run_dir="run",
+        coordination="row without rlc: x", **row_figures([(1.0, 250_000.0)], 280_000.0))
+    assert rack_lines(s) == [
+        "r12: 2/3 checklist items checked; lifecycle quarantined; alarms raised: "
+        "racky:link_flapping:gpu07-nic1",
+        "r13: 1/1 checklist items checked; lifecycle production; alarms raised: none"]
+    md = row_markdown(s)
+    assert md.index("## rack r12") < md.index("## rack r13") < md.index("## the row (2 racks)")
+    assert f"- [x] {item.label}: {item.detail}" in md
