@@ -21,7 +21,7 @@ SCENARIOS_OUT ?= scenario-results
 .PHONY: help venv demo test servers bench-tools lint bench scenarios clean
 
 help:
-	@echo "make demo [DURATION=s]  valvey and racky on the rack simulator, ~3 min (embedded broker, no servers needed)"
+	@echo "make demo [DURATION=s] [RACKS=n]  valvey and racky on the rack simulator, ~3 min (embedded broker, no servers needed; RACKS=2..4: a row)"
 	@echo "make test               run the whole test suite (installs Mosquitto and VictoriaMetrics if missing)"
 	@echo "make lint               ruff and mypy"
 	@echo "make bench [QUICK=1]    benchmark suite into bench-results/ (results.json, results.md, PNGs)"
@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 demo: $(STAMP)
-	$(BIN)/rackctl demo $(if $(DURATION),--duration $(DURATION)) $(DEMO_ARGS)
+	$(BIN)/rackctl demo $(if $(DURATION),--duration $(DURATION)) $(if $(RACKS),--racks $(RACKS)) $(DEMO_ARGS)
 
 servers:
 	@./scripts/ensure-servers

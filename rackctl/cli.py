@@ -67,10 +67,20 @@ def demo(
         typer.Option(help="HOST:PORT of a Mosquitto to use instead of the embedded broker"),
     ] = None,
     out: Annotated[Path, typer.Option(help="folder for the run's outputs")] = Path("demo-output"),
+    racks: Annotated[int, typer.Option(
+        min=1, max=4, help="racks side by side (a row: r12, r13, ...), each its own "
+        "simulator, valvey and racky")] = 1,
 ) -> None:
     """Run valvey and racky against the rack simulator on embedded defaults, live, then
     summarise (and print how to reach the running demo with rackctl)."""
-    from harness.demo import BrokerUnreachable, embedded_broker_problem, print_summary, run_demo
+    from harness.demo import (
+        BrokerUnreachable,
+        RowSummary,
+        embedded_broker_problem,
+        print_row_summary,
+        print_summary,
+        run_demo,
+    )
 
     if broker is not None:
         _host, _, port_s = broker.partition(":")
@@ -89,7 +99,8 @@ def demo(
     try:
         summary = asyncio.run(
             run_demo(
-                scenario=scenario, duration_s=duration, broker=broker, out_root=out, console=console
+                scenario=scenario, duration_s=duration, broker=broker, out_root=out,
+                console=console, racks=racks,
             )
         )
     except ConfigError as err:
@@ -100,6 +111,11 @@ def demo(
     except RuntimeError as err:
         console.print(Text(f"demo failed: {err}", style="red"))
         raise typer.Exit(EXIT_RUNTIME) from None
+    if isinstance(summary, RowSummary):
+        print_row_summary(summary, console)
+        if not summary.exit_codes_ok():
+            raise typer.Exit(EXIT_RUNTIME)
+        return
     print_summary(summary, console)
     if summary.valvey_exit_code not in (0, None):
         raise typer.Exit(EXIT_RUNTIME)

@@ -19,6 +19,13 @@ its budget, alarms, points spooled) with a checklist of what the run showed, eac
 checked from its data (`harness.demo.checklist`: the load steps, the scripted pump trip and
 link flap with their alarms and actions, no unexpected alarms), and writes a PNG plot, the
 trace (CSV) and the summary (JSON, Markdown) into the run folder.
+
+``--racks N`` (N = 2..4) runs a row: N racks side by side on the one broker (README's rack
+``r12`` and ``r13``, ``r14``, ``r15``), each its own simulator, valvey and racky (per-rack
+identity, ports, folder ``<run>/<rack>/``) and its share of the scripted faults
+(`harness.demo.racks`); a live line per rack and the row's power against its limit, each
+rack's summary, checklist and plot, and the row's item and plot (`harness.demo.row`; a row
+without rlc: static budgets).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from harness.demo.procs import (
     embedded_broker_problem,
     probe_broker,
 )
+from harness.demo.racks import MAX_RACKS, split_faults
 from harness.demo.record import (
     EXPECTED_DEMO_ALARMS,
     FF_SOURCE_NAMES,
@@ -40,6 +48,7 @@ from harness.demo.record import (
     alarm_note,
     control_mode_from_states,
 )
+from harness.demo.row import RowSummary, print_row_summary, row_power, row_power_item
 from harness.demo.run import DEFAULT_SCENARIO, SPARK, run_demo
 from harness.demo.summary import (
     BAND_K,
@@ -60,6 +69,7 @@ __all__ = [
     "DEMO_SITE",
     "EXPECTED_DEMO_ALARMS",
     "FF_SOURCE_NAMES",
+    "MAX_RACKS",
     "OPERATOR",
     "SPARK",
     "BrokerUnreachable",
@@ -67,14 +77,19 @@ __all__ = [
     "DemoSummary",
     "RackySummary",
     "Recorder",
+    "RowSummary",
     "alarm_note",
     "checklist",
     "control_mode_from_states",
     "count_spooled",
     "embedded_broker_problem",
+    "print_row_summary",
     "print_summary",
     "probe_broker",
+    "row_power",
+    "row_power_item",
     "run_demo",
+    "split_faults",
     "summarise",
     "summary_markdown",
     "write_plot",

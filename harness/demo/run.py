@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import csv
 import json
 import math
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,33 +18,41 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from harness.demo.checklist import checklist
 from harness.demo.procs import (
     BROKER_PROBE_S,
     DEMO_RACK,
     DEMO_SITE,
+    RACKY_BUDGET_W,
     access_lines,
     probe_broker,
-    racky_config,
     route_broker_logging,
-    spawn,
     start_amqtt,
-    terminate,
-    valvey_config,
     write_rackctl_config,
-    write_toml,
 )
-from harness.demo.record import Recorder, alarm_note, control_mode_from_states
-from harness.demo.summary import (
-    BAND_K,
-    DemoSummary,
-    count_spooled,
-    ff_source_share,
-    racky_summary,
-    summarise,
-    summary_markdown,
-    write_plot,
+from harness.demo.racks import (
+    MAX_RACKS,
+    DemoRack,
+    finish_rack,
+    plan_racks,
+    start_daemons,
+    start_sim,
+    stop_rack,
 )
+from harness.demo.record import Recorder
+from harness.demo.row import (
+    ROW_LIMIT_PER_RACK_W,
+    RowSummary,
+    rack_power_series,
+    row_figures,
+    row_line,
+    row_markdown,
+    row_power,
+    row_power_item,
+    row_t0,
+    row_view,
+    write_row_plot,
+)
+from harness.demo.summary import BAND_K, DemoSummary
 from harness.servers import free_port
 from rackplane.clock import SYSTEM_CLOCK
 from rackplane.io.mqtt import MqttLink
@@ -158,16 +164,21 @@ async def run_demo(
     broker: str | None = None,
     out_root: Path = Path("demo-output"),
     console: Console | None = None,
-) -> DemoSummary:
-    """Run the demo (`harness.demo`) for ``duration_s`` (default the scenario's length) and
-    return its summary; the run's files go to ``out_root/<time>/``.
+    racks: int = 1,
+) -> DemoSummary | RowSummary:
+    """Run the demo (`harness.demo`) for ``duration_s`` (default the scenario's length) on
+    ``racks`` racks (1..4, side by side on the one broker; `harness.demo.racks`) and return
+    its summary (one rack: `DemoSummary`; a row: `RowSummary`); the run's files go to
+    ``out_root/<time>/``.
 
     Raises:
         ConfigError: unknown scenario. BrokerUnreachable: ``broker`` accepts no connection.
-        RuntimeError: the simulator died at start.
+        RuntimeError: a simulator died at start. ValueError: ``racks`` outside 1..4.
     """
     console = console or Console()
     sc = load_scenario(scenario)
+    if not 1 <= racks <= MAX_RACKS:
+        raise ValueError(f"racks must be 1..{MAX_RACKS}, not {racks}")
     total = float(duration_s if duration_s is not None else sc.duration_s)
     if broker:  # before anything starts: an unreachable broker is said at once
         host, _, port_s = broker.partition(":")
@@ -175,8 +186,9 @@ async def run_demo(
         await probe_broker(mqtt_host, mqtt_port)
     run_dir = out_root / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
-    spool_dir = run_dir / "spool"
-    modbus_port, shelf_port = free_port(), free_port()
+    row = plan_racks(racks, scenario, sc, run_dir, RACKY_BUDGET_W)
+    names = tuple(r.name for r in row)
+    row_limit_w = ROW_LIMIT_PER_RACK_W * len(row)
     amqtt_broker = None
     broker_log = None
     broker_kind = "the Mosquitto given with --broker"
@@ -185,17 +197,8 @@ async def run_demo(
         broker_log = route_broker_logging(run_dir / "broker.log")
         amqtt_broker = await start_amqtt(mqtt_port)
         broker_kind = f"embedded amqtt, its log in {run_dir / 'broker.log'}"
-    cfg_path = run_dir / "valvey.toml"
-    write_toml(cfg_path, valvey_config(run_dir, modbus_port, mqtt_host, mqtt_port, protocol),
-               "valvey against the rack simulator")
-    racky_cfg = run_dir / "racky.toml"
-    write_toml(racky_cfg, racky_config(run_dir, shelf_port, mqtt_host, mqtt_port, protocol),
-               "racky against the rack simulator's power shelves")
     rackctl_cfg = run_dir / "rackctl.toml"
     write_rackctl_config(rackctl_cfg, mqtt_host, mqtt_port, protocol)
-    py = sys.executable
-    ident = Identity(site=DEMO_SITE, rack=DEMO_RACK)
-    rec = Recorder()
     link = MqttLink(
         MqttSettings(
             host=mqtt_host,
@@ -204,80 +207,58 @@ async def run_demo(
             clean_session=True,
             client_id=f"rackctl-demo-{os.getpid()}",
         ),
-        ident,
+        Identity(site=DEMO_SITE, rack=DEMO_RACK),
         "rackctl",
         clock=SYSTEM_CLOCK,
     )
-    base = f"{link.settings.topic_root}/{ident.site}/{ident.rack}"
-    for topic in (
-        f"{base}/sim/telemetry/plant",
-        f"{base}/valvey/state/#",
-        f"{base}/valvey/status",
-        f"{base}/valvey/alarm/+",
-        f"{base}/racky/state/rack",
-        f"{base}/racky/state/rack_power",
-        f"{base}/racky/status",
-        f"{base}/racky/alarm/+",
-        f"{base}/valvey/cmd/+/+",  # operators' commands: named in the summary
-        f"{base}/racky/cmd/+/+",
-    ):
-        link.subscribe(topic, rec.on_message, qos=0)
+    for rack in row:  # each rack's topics to its own recorder
+        base = f"{link.settings.topic_root}/{DEMO_SITE}/{rack.name}"
+        for topic in (
+            f"{base}/sim/telemetry/plant",
+            f"{base}/valvey/state/#",
+            f"{base}/valvey/status",
+            f"{base}/valvey/alarm/+",
+            f"{base}/racky/state/rack",
+            f"{base}/racky/state/rack_power",
+            f"{base}/racky/status",
+            f"{base}/racky/alarm/+",
+            f"{base}/valvey/cmd/+/+",  # operators' commands: named in the summary
+            f"{base}/racky/cmd/+/+",
+        ):
+            link.subscribe(topic, rack.rec.on_message, qos=0)
+    recs = [(r.name, r.rec) for r in row]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    sim = valvey = racky = None
     link_task = asyncio.create_task(link.run(), name="demo-mqtt")
-    valvey_rc: int | None = None
-    racky_rc: int | None = None
     lost_broker: str | None = None
-    started = time.monotonic()
+    faults = "; ".join(f"{f.kind} {f.target()} at t = {f.at_s:g} s"
+                       + (f" on {r.name}" if len(row) > 1 else "")
+                       for r in row for f in r.scenario.faults)
+
+    def view(elapsed: float, state: str) -> Group:
+        if len(row) == 1:
+            return _view(sc, row[0].rec, elapsed, total, state)
+        return row_view(recs, row_limit_w, elapsed, total, state, f"scripted faults: {faults}")
+
     try:
-        sim = await spawn(
-            [
-                py,
-                "-m",
-                "sims",
-                "run",
-                "--scenario",
-                scenario,  # as given: a bundled name or a TOML path (its name alone is not
-                # found when the file is not bundled)
-                "--modbus-port",
-                str(modbus_port),
-                "--shelf-modbus-port",
-                str(shelf_port),
-                "--site",
-                DEMO_SITE,
-                "--rack",
-                DEMO_RACK,
-                "--mqtt-host",
-                mqtt_host,
-                "--mqtt-port",
-                str(mqtt_port),
-                "--mqtt-protocol",
-                protocol,
-                "--log-format",
-                "json",
-                "--ground-truth",
-                str(run_dir / "ground-truth.json"),
-            ],
-            run_dir / "sim.log",
-        )
+        for rack in row:
+            await start_sim(rack, mqtt_host, mqtt_port, protocol)
         await asyncio.sleep(0.8)
-        if sim.returncode is not None:
-            raise RuntimeError(f"the simulator exited at start; see {run_dir / 'sim.log'}")
-        racky = await spawn([py, "-m", "racky", "--config", str(racky_cfg)],
-                            run_dir / "racky.log")
-        valvey = await spawn([py, "-m", "valvey", "--config", str(cfg_path)],
-                             run_dir / "valvey.log")
+        dead = [r for r in row if r.sim is not None and r.sim.returncode is not None]
+        if dead:
+            raise RuntimeError(f"the simulator exited at start; see {dead[0].dir / 'sim.log'}")
+        for rack in row:
+            await start_daemons(rack, mqtt_host, mqtt_port, protocol)
         started = time.monotonic()
         announced = False
         interactive = console.is_terminal
         last_print = 0.0
         last_state: str | None = None
-        events_said = 0
+        events_said = [0] * len(row)
         with (
-            Live(_view(sc, rec, 0, total, _broker_state(link, mqtt_host, mqtt_port)),
+            Live(view(0, _broker_state(link, mqtt_host, mqtt_port)),
                  console=console, refresh_per_second=2, transient=False)
             if interactive
             else contextlib.nullcontext() as live
@@ -286,22 +267,25 @@ async def run_demo(
                 elapsed = time.monotonic() - started
                 if elapsed >= total:
                     break
-                gone = [n for n, pr in (("valvey", valvey), ("racky", racky),
-                                        ("the simulator", sim)) if pr.returncode is not None]
+                gone = [n for r in row for n, pr in r.processes()
+                        if pr is not None and pr.returncode is not None]
                 if gone:
-                    who = gone[0]
+                    who = gone[0].replace(f" ({DEMO_RACK})", "") if len(row) == 1 else gone[0]
                     console.print(f"[red]{who} exited early; logs in {run_dir}[/]")
                     break
-                online = rec.valvey_status == "online" and rec.racky_status == "online"
+                online = all(r.rec.valvey_status == "online" and r.rec.racky_status == "online"
+                             for r in row)
                 if not announced and (online or elapsed >= ANNOUNCE_AFTER_S):
-                    # said once both daemons take commands (a command sent before a daemon
+                    # said once all daemons take commands (a command sent before a daemon
                     # subscribed is lost on a clean session), or after ANNOUNCE_AFTER_S anyway
                     announced = True
                     if not online:
-                        console.print(f"not online yet: valvey {rec.valvey_status}, racky "
-                                      f"{rec.racky_status} (logs in {run_dir})", markup=False)
+                        console.print("not online yet: " + ", ".join(
+                            f"{r.name} valvey {r.rec.valvey_status}, racky "
+                            f"{r.rec.racky_status}" for r in row) + f" (logs in {run_dir})",
+                            markup=False)
                     for line in access_lines(rackctl_cfg, mqtt_host, mqtt_port, protocol,
-                                             broker_kind):
+                                             broker_kind, names):
                         console.print(line, markup=False, highlight=False, soft_wrap=True)
                 state = _broker_state(link, mqtt_host, mqtt_port)
                 if not state.startswith("connected") and elapsed > BROKER_PROBE_S:
@@ -311,33 +295,27 @@ async def run_demo(
                         console.print(f"broker: {state}", markup=False, highlight=False)
                     last_state = state
                 if live is not None:
-                    live.update(_view(sc, rec, elapsed, total, state))
+                    live.update(view(elapsed, state))
                 else:  # off a terminal: each alarm and action as a line, as it happens
-                    for t_ev, ev in rec.events[events_said:]:
-                        console.print(f"[t = {t_ev:5.1f} s] {ev}", markup=False,
-                                      highlight=False, soft_wrap=True)
-                    events_said = len(rec.events)
+                    for i, r in enumerate(row):
+                        who = "" if len(row) == 1 else f"{r.name}: "
+                        for t_ev, ev in r.rec.events[events_said[i]:]:
+                            console.print(f"[t = {t_ev:5.1f} s] {who}{ev}", markup=False,
+                                          highlight=False, soft_wrap=True)
+                        events_said[i] = len(r.rec.events)
                 if live is None and elapsed - last_print >= 10:
                     last_print = elapsed
-                    lp = rec.loop[-1] if rec.loop else {}
-                    def num(v: Any, nd: int) -> str:
-                        return "—" if v is None else f"{v:.{nd}f}"
-
-                    console.print(
-                        f"[{elapsed:5.0f}/{total:.0f} s] supply "
-                        f"{num(lp.get('supply_temp_c'), 2)} °C, setpoint "
-                        f"{num(lp.get('setpoint_c'), 1)} °C, valve "
-                        f"{num(lp.get('valve_command_pct'), 1)} %, mode {lp.get('mode')}, "
-                        f"alarms {', '.join(sorted(rec.alarms)) or 'none'}",
-                        markup=False,
-                        highlight=False,
-                    )
+                    for r in row:
+                        _print_progress(console, r.rec, elapsed, total,
+                                        "" if len(row) == 1 else r.name)
+                    if len(row) > 1:
+                        console.print(f"[{elapsed:5.0f}/{total:.0f} s] "
+                                      f"{row_line([r.rec for r in row], row_limit_w)}",
+                                      markup=False, highlight=False, soft_wrap=True)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.5)
     finally:
-        end_t = rec.plant[-1]["t_s"] if rec.plant else 0.0
-        valvey_rc, racky_rc = await asyncio.gather(terminate(valvey, 20), terminate(racky, 20))
-        await terminate(sim, 10)
+        await asyncio.gather(*(stop_rack(r) for r in row))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(link.stop(), 3)
         link_task.cancel()
@@ -350,81 +328,59 @@ async def run_demo(
             broker_log.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-    steps = summarise(sc, rec, end_t)
-    trace_csv = run_dir / "trace.csv"
-    with trace_csv.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(
-            [
-                "source",
-                "t_s",
-                "supply_temp_c",
-                "setpoint_c",
-                "valve_command_pct",
-                "valve_position_pct",
-                "rack_power_w",
-                "mode",
-            ]
-        )
-        for r in rec.loop:
-            w.writerow(
-                [
-                    "valvey",
-                    f"{r['t_s']:.2f}",
-                    r.get("supply_temp_c"),
-                    r.get("setpoint_c"),
-                    r.get("valve_command_pct"),
-                    "",
-                    "",
-                    r.get("mode"),
-                ]
-            )
-        for r in rec.plant:
-            w.writerow(
-                [
-                    "plant",
-                    r["t_s"],
-                    r["supply_temp_c"],
-                    "",
-                    r["valve_command_pct"],
-                    r["valve_position_pct"],
-                    r["rack_power_w"],
-                    "",
-                ]
-            )
-    plot: Path | None = run_dir / "demo.png"
+    summaries = [finish_rack(r, console, lost_broker, len(row)) for r in row]
+    if len(row) == 1:
+        return summaries[0]
+    return _finish_row(row, summaries, row_limit_w, run_dir, console)
+
+
+def _print_progress(console: Console, rec: Any, elapsed: float, total: float,
+                    rack: str) -> None:
+    """The off-terminal progress line of one rack (every 10 s)."""
+    lp = rec.loop[-1] if rec.loop else {}
+
+    def num(v: Any, nd: int) -> str:
+        return "—" if v is None else f"{v:.{nd}f}"
+
+    console.print(
+        f"[{elapsed:5.0f}/{total:.0f} s] {f'{rack}: ' if rack else ''}supply "
+        f"{num(lp.get('supply_temp_c'), 2)} °C, setpoint "
+        f"{num(lp.get('setpoint_c'), 1)} °C, valve "
+        f"{num(lp.get('valve_command_pct'), 1)} %, mode {lp.get('mode')}, "
+        f"alarms {', '.join(sorted(rec.alarms)) or 'none'}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _finish_row(row: list[DemoRack], summaries: list[DemoSummary], limit_w: float,
+                run_dir: Path, console: Console) -> RowSummary:
+    """The row's figures, item and plot from the racks' records; summary.json/.md of the
+    row (each rack's summary inside) in the run folder."""
+    recs = [(r.name, r.rec) for r in row]
+    t0 = row_t0([r.rec for r in row]) or 0.0
+    points = row_power([rack_power_series(r.rec, t0) for r in row])
+    item = row_power_item(points, limit_w, len(row))
+    plot: Path | None = run_dir / "row.png"
     try:
         assert plot is not None
-        write_plot(plot, sc, rec)
+        write_row_plot(plot, recs, [(r.name, f.at_s, f"{f.kind} {f.target()}") for r in row
+                                    for f in r.scenario.faults], limit_w, points)
     except Exception as err:  # a plot problem must not lose the summary
-        console.print(f"[yellow]plot not written: {err}[/]")
+        console.print(f"[yellow]row plot not written: {err}[/]")
         plot = None
-    tj = [r["hottest_gpu_tj_c"] for r in rec.plant if r.get("hottest_gpu_tj_c") is not None]
-    rsum = racky_summary(rec)
-    if rsum is not None:
-        rsum.exit_code = racky_rc
-    summary = DemoSummary(
-        scenario=sc.name,
-        duration_s=round(end_t, 1),
-        steps=steps,
-        points_spooled=count_spooled(spool_dir) if spool_dir.exists() else 0,
-        spool_dir=str(spool_dir),
-        valvey_exit_code=valvey_rc,
-        alarms_raised=[f"{t:.0f} s {a} {k}{alarm_note(a) if k == 'raised' else ''}"
-                       for t, a, k in rec.alarm_log],
-        control_mode=control_mode_from_states(rec.loop),
-        plot=str(plot) if plot else None,
-        trace_csv=str(trace_csv),
-        run_dir=str(run_dir),
-        max_gpu_tj_c=max(tj) if tj else None,
-        broker_problem=lost_broker,
-        ff_source_share=ff_source_share(rec.loop),
-        racky=rsum,
-        commands=[f"{t:.0f} s {user} → {daemon} {verb}" for t, daemon, user, verb in rec.commands],
-        checklist=[c.as_dict() for c in checklist(sc, rec, steps, end_t)],
+    budgets = {r.name: r.budget_w for r in row}
+    summary = RowSummary(
+        racks=summaries, row_limit_w=limit_w, budgets_w=budgets,
+        checklist=[item.as_dict()], plot=str(plot) if plot else None, run_dir=str(run_dir),
+        coordination=(f"row without rlc: no NATS, no rlc; the row limit {limit_w / 1000:.0f} "
+                      f"kW is split evenly into the racks' racky budgets "
+                      f"({', '.join(f'{k} {v / 1000:.0f} kW' for k, v in budgets.items())}), "
+                      "which nothing moves during the run"),
+        row_power=[(round(t, 2), p) for t, p in points],
+        **row_figures(points, limit_w),
     )
     (run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
-    (run_dir / "summary.md").write_text(summary_markdown(summary))
+    (run_dir / "summary.md").write_text(row_markdown(summary))
     return summary
-
-

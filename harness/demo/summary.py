@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from harness.demo.procs import DEMO_RACK
 from harness.demo.record import Recorder
 from sims.metrics import StepMetrics, step_metrics
 from sims.scenario import Scenario
@@ -81,6 +82,8 @@ class DemoSummary:
     step figures then include their effects, and the summary says so."""
     checklist: list[dict[str, Any]] = field(default_factory=list)
     """`harness.demo.checklist.CheckItem` s as dicts (label, ok, detail): what the run showed."""
+    rack: str = DEMO_RACK
+    """The rack these figures are of (its racky's and valvey's identity)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,9 +182,9 @@ def summarise(sc: Scenario, rec: Recorder, end_t: float) -> list[dict[str, Any]]
     return out
 
 
-def write_plot(path: Path, sc: Scenario, rec: Recorder) -> None:
+def write_plot(path: Path, sc: Scenario, rec: Recorder, rack: str | None = None) -> None:
     """Supply temperature, valve and load (plant truth and racky's rack power) over plant
-    time, the scripted faults marked (PNG)."""
+    time, the scripted faults marked (PNG); ``rack`` named in the title when given."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,7 +222,8 @@ def write_plot(path: Path, sc: Scenario, rec: Recorder) -> None:
     ax[2].set_ylabel("kW")
     ax[2].set_xlabel("plant time, s")
     ax[2].legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"valvey and racky on the virtual rack: {sc.description}", fontsize=10)
+    fig.suptitle(f"valvey and racky on rack {rack}:\n{sc.description}" if rack else
+                 f"valvey and racky on the virtual rack: {sc.description}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,88 @@
+"""``rackctl demo --racks 2`` (issue 20, a row, step 1): two racks side by side on the one
+embedded broker, each its own simulator, valvey and racky under its own identity (r12, r13),
+the link flap on the first and the pump trip on the second; each rack's summary, checklist
+and plot, and the row's power against its limit computed from the recorded rack powers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_demo import FAULTS_SHORT
+
+pytestmark = pytest.mark.slow
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_two_racks_run_side_by_side_with_the_row_power_against_its_limit(
+        tmp_path: Path) -> None:
+    scenario = tmp_path / "demo-faults-short.toml"
+    scenario.write_text(FAULTS_SHORT)
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "rackctl", "demo", "--racks", "2", "--scenario", str(scenario),
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=150, cwd=tmp_path,
+    )
+    wall_s = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (run_dir,) = out.iterdir()
+    row = json.loads((run_dir / "summary.json").read_text())
+    racks = {s["rack"]: s for s in row["racks"]}
+    assert list(racks) == ["r12", "r13"]
+    for name, s in racks.items():
+        # each rack's own daemons ran under its identity, in its own folder
+        assert s["valvey_exit_code"] == 0 and s["racky"]["exit_code"] == 0, (name, s)
+        assert s["run_dir"] == str(run_dir / name)
+        assert s["racky"]["rack_power_samples"] > 20, s["racky"]
+        assert 30_000 < s["racky"]["rack_power_max_w"] < 140_000, s["racky"]
+        assert s["ff_source_share"].get("rack_power", 0) > 0.5, s["ff_source_share"]
+        assert s["points_spooled"] > 50
+        for daemon in ("valvey", "racky"):
+            cfg = (run_dir / name / f"{daemon}.toml").read_text()
+            assert f'rack = "{name}"' in cfg
+        assert Path(s["plot"]).name == f"demo-{name}.png"
+        assert Path(s["plot"]).read_bytes()[:8] == PNG
+    # the faults dealt: the flap on r12 (quarantined by its racky), the trip on r13 (failover)
+    labels12 = [c["label"] for c in racks["r12"]["checklist"]]
+    labels13 = [c["label"] for c in racks["r13"]["checklist"]]
+    assert any(x.startswith("link flap") for x in labels12)
+    assert not any(x.startswith("pump trip") for x in labels12)
+    assert any(x.startswith("pump trip") for x in labels13)
+    assert not any(x.startswith("link flap") for x in labels13)
+    by12 = {c["label"].split(" ")[0]: c for c in racks["r12"]["checklist"]}
+    by13 = {c["label"].split(" ")[0]: c for c in racks["r13"]["checklist"]}
+    assert by12["link"]["ok"] and by12["rack"]["ok"], racks["r12"]["checklist"]
+    assert by13["pump"]["ok"], racks["r13"]["checklist"]
+    assert racks["r12"]["racky"]["lifecycle"] == "quarantined"
+    assert racks["r13"]["racky"]["lifecycle"] == "production"  # no flap there
+    # the row: Σ of the recorded rack powers against the row limit (2 × 140 kW)
+    assert row["row_limit_w"] == 280_000.0
+    assert row["budgets_w"] == {"r12": 140_000.0, "r13": 140_000.0}
+    assert row["coordination"].startswith("row without rlc")
+    points = [p for _, p in row["row_power"] if p is not None]
+    assert len(points) > 20 and row["instants"] == len(row["row_power"])
+    peaks = [racks[n]["racky"]["rack_power_max_w"] for n in ("r12", "r13")]
+    # the Σ at an instant is two racks' power: above either rack's peak alone at full load
+    # on both (both step up at 8 s), never above the sum of their peaks
+    assert max(peaks) < row["row_power_max_w"] <= sum(peaks) + 1.0, (row["row_power_max_w"],
+                                                                     peaks)
+    (item,) = row["checklist"]
+    assert item["label"].startswith("row power (Σ of 2 racks' racky power) never above")
+    assert item["ok"] == (row["over_limit_instants"] == 0
+                          and row["instants_missing"] <= 0.1 * row["instants"]), row
+    assert f"peak {row['row_power_max_w'] / 1000:.1f} kW" in item["detail"]
+    assert (run_dir / "row.png").read_bytes()[:8] == PNG
+    assert "row without rlc" in r.stdout and "never above the row limit" in r.stdout
+    assert "rack r13" in r.stdout and "r12: alarm racky:link_flapping" in r.stdout
+    n13 = len(racks["r13"]["checklist"])
+    ok13 = sum(1 for c in racks["r13"]["checklist"] if c["ok"])
+    assert f"r13: {ok13}/{n13} checklist items checked; lifecycle production" in r.stdout
+    print(f"--racks 2 wall {wall_s:.1f} s; row item: {item}")
