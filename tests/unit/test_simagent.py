@@ -145,7 +145,7 @@ def test_ecc_and_xids_reach_racky_and_older_messages_still_read() -> None:
     assert ing.errors == 0
     # a newer minor with its own fields: accepted, the unknown ones named
     newer = json.loads(raw)
-    newer["schema_version"] = "1.3"
+    newer["schema_version"] = "1.4"
     newer["gpus"][0]["xid_names"] = ["GSP timeout"]
     assert decode_tray(json.dumps(newer).encode()).ignored == frozenset({"gpus[].xid_names"})
 
