@@ -34,9 +34,9 @@ from typing import Any, Unpack
 from rackplane.commands import CommandRouter, LeaseGate
 from rackplane.config import secret_from_env
 from rackplane.core.envelope import CommandContext
+from rackplane.core.tray_contract import SCHEMA_VERSION
 from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask
 from rackplane.errors import CommandError, ConfigError
-from rackplane.core.tray_contract import SCHEMA_VERSION
 from rackplane.io.mqtt import MqttLink
 from rackplane.io.statefile import StateFile, StateFileError
 from rackplane.paths import in_state_directory
@@ -272,19 +272,20 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
         """The reply state (`rackplane.core.tray_reply.SetPowerLimitsReply`, contract 1.3):
         per GPU the limit read back (W), per tray the enforced figure as in telemetry."""
         now = self.clock.monotonic()
-        out = []
+        out: list[dict[str, Any]] = []
         for t in sorted(set(trays)):
             c = self.book.trays[t]
             gpus = []
+            read: list[float | None] = []
             for i, g in enumerate(self.gpus[t]):
                 tg = targets.get((t, i))
+                read.append(None if g.reading is None else g.reading.limit_w)
                 gpus.append({"gpu": g.gpu, "target_w": None if tg is None else tg.watts,
                              "source": None if tg is None else tg.source,
                              "clamped": None if tg is None else tg.clamped,
-                             "enforced_w": None if g.reading is None else g.reading.limit_w})
+                             "enforced_w": read[-1]})
             ctl = self.controls.get(t)
-            read = [g["enforced_w"] for g in gpus]
-            tray_w = None if None in read else sum(read)
+            tray_w: float | None = None if None in read else sum(w or 0.0 for w in read)
             if t in self.bmc_capped:
                 tray_w = None if ctl is None else ctl.enforced_w
             out.append({"tray": t, "epoch": c.epoch, "powered": None,

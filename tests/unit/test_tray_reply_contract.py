@@ -173,8 +173,9 @@ def test_rackys_parser_reads_both_agents_replies_alike(kind: str, tmp_path: Path
         assert not r.legacy and r.epoch == EPOCH and r.confirmed is True
         assert set(r.enforced_gpu_w) == set(r.enforced_tray_cap_w) == {TRAY}
         assert len(r.enforced_gpu_w[TRAY]) == 4
-        assert r.enforced_tray_cap_w[TRAY] is not None
-        assert r.enforced_tray_cap_w[TRAY] >= sum(w or 0.0 for w in r.enforced_gpu_w[TRAY])
+        tray_w = r.enforced_tray_cap_w[TRAY]
+        assert tray_w is not None and None not in r.enforced_gpu_w[TRAY]
+        assert tray_w >= sum(w or 0.0 for w in r.enforced_gpu_w[TRAY])
 
 
 def test_both_agents_refuse_a_stale_epoch_with_the_same_reason(tmp_path: Path) -> None:
