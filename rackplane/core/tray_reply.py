@@ -33,7 +33,10 @@ __all__ = ["REFUSAL_CODES", "REPLY_SINCE_MINOR", "BmcControlReply", "GpuReply",
 #: the contract minor version that defined `SetPowerLimitsReply`
 REPLY_SINCE_MINOR = 3
 
-#: ``error.code`` of a refused ``set_power_limits``: why nothing changed
+#: ``error.code`` an agent's ``set_power_limits`` handler refuses with (nothing changed);
+#: before it, the command router refuses malformed input with its own codes
+#: (`rackplane.core.envelope.ROUTER_CODES`: ``wrong_type``, ``non_finite``, ``out_of_range``,
+#: ``invalid_args`` ...)
 REFUSAL_CODES = ("invalid_args", "unknown_tray", "stale_epoch", "out_of_range",
                  "not_supported")
 
