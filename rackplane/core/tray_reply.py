@@ -55,8 +55,8 @@ class GpuReply(_Reply):
                                    "agent set, W; null: none set (or the agent sets none)")
     source: str | None = Field(None, max_length=64, description="what set target_w (the "
                                "agent's own terms, e.g. gpu_power_cap_w, safe_cap)")
-    clamped: bool | None = Field(None, description="target_w was clamped to the device's "
-                                 "settable range")
+    clamped: str | None = Field(None, max_length=300, description="why target_w was moved "
+                                "into the device's settable range; null: not clamped")
 
 
 class BmcControlReply(_Reply):
@@ -64,7 +64,8 @@ class BmcControlReply(_Reply):
 
     wanted_w: float | None = Field(allow_inf_nan=False, description="the tray cap asked, W")
     target_w: float | None = Field(allow_inf_nan=False, description="the SetPoint written, W")
-    clamped: bool | None = Field(description="the SetPoint was clamped to the Control's range")
+    clamped: str | None = Field(max_length=300, description="why the SetPoint was moved into "
+                                "the Control's range; null: not clamped")
     enforced_w: float | None = Field(allow_inf_nan=False, description="SetPoint read back, W")
     confirmed: bool = Field(description="the read-back equals the SetPoint written")
     patches: int = Field(ge=0, description="PATCH attempts")

@@ -44,6 +44,7 @@ COMMANDS: dict[str, dict[str, Any]] = {
     "both_caps": {"power_cap_w": 3000.0, "gpu_power_cap_w": 650.0, "ttl_s": 30.0},
     "release": {"release": ["power_cap_w", "gpu_power_cap_w"]},
     "power_on": {"powered": True},
+    "cap_above_device_max": {"gpu_power_cap_w": 5000.0, "ttl_s": 60.0},
 }
 
 
@@ -153,8 +154,12 @@ def test_one_schema_validates_both_agents_replies(kind: str, tmp_path: Path) -> 
     # both read back the same per-GPU limit for the same command on the same plant
     s_gpu = [g.enforced_w for g in sim.trays[0].gpus]
     r_gpu = [g.enforced_w for g in real.trays[0].gpus]
-    if kind in ("gpu_cap",):
+    if kind == "gpu_cap":
         assert s_gpu == r_gpu == [500.0] * 4
+    if kind == "cap_above_device_max":  # both hold the GPUs at their maximum (TGP)
+        assert s_gpu == r_gpu and len(set(s_gpu)) == 1 and s_gpu[0] is not None
+        assert s_gpu[0] < 5000.0
+        assert all(g.clamped and "maximum" in g.clamped for g in real.trays[0].gpus)
     if kind in ("tray_cap", "gpu_cap", "both_caps"):
         for r in (sim, real):
             assert r.trays[0].cap_expires_in_s is not None
