@@ -29,6 +29,7 @@ import pytest
 
 from harness.daemons import Proc, command_envelope, daemon_proc, until
 from harness.servers import Mosquitto
+from rackplane.core.tray_reply import SetPowerLimitsReply
 from racky.config import RackyConfig
 from racky.core.controller import RackyCore
 from racky.core.lifecycle import Lifecycle, PersistedState
@@ -167,6 +168,7 @@ async def test_agent_publishes_what_racky_accepts_and_enforces_reads_back_and_fa
 
         r = await _command(mosquitto.port, sub, {"epoch": 5, "gpu_power_cap_w": 5000.0,
                                                  "ttl_s": 3.0})
+        SetPowerLimitsReply.model_validate(r["state"])  # the contract's reply, clamp and all
         g0 = r["state"]["trays"][0]["gpus"][0]
         assert r["ok"] and g0["target_w"] == 1200.0 and "above the device maximum" in \
             g0["clamped"] and g0["enforced_w"] == 1200.0
