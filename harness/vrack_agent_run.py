@@ -12,6 +12,9 @@ Figures (`RunFigures`):
 
 - ``refused``: tray messages racky refused (``ingest.errors``: not JSON, not the contract, a
   bad value) and command replies it counted refused (``agent_stats["refused"]``);
+  ``unreadable_reply_states``: ok replies whose ``state`` racky could not read as the
+  contract's reply (``agent_stats["bad_reply_state"]``, plus ``legacy_replies``: the older
+  layouts, which an agent of this tree must not send);
 - ``agent_cpu_core_per_tray``: (child process CPU − the simulator's plant-tick CPU) / trays /
   wall: an upper bound of the agent's share (the simulator's MQTT and Modbus I/O run in the
   same event loop and are counted as the agent's); ``agent_read_cpu_core_per_tray``: the
@@ -64,6 +67,7 @@ class RunFigures:
     refused_tray_messages: int = 0
     refused_commands: int = 0
     commands_ok: int = 0
+    unreadable_reply_states: int = 0
     cap_commands: int = 0
     cap_commands_confirmed: int = 0
     cap_latency_s: list[float] = field(default_factory=list)
@@ -177,6 +181,8 @@ async def run(duration_s: float, workdir: Path, broker_port: int | None = None
         out.refused_tray_messages = racky.ingest.errors
         out.refused_commands = racky.agent_stats["refused"]
         out.commands_ok = racky.agent_stats["ok"]
+        out.unreadable_reply_states = (racky.agent_stats["bad_reply_state"]
+                                       + racky.agent_stats["legacy_replies"])
         out.ignored_fields = sorted(racky.ingest.ignored_fields)
         stop.set()
         with contextlib.suppress(Exception):
@@ -250,7 +256,8 @@ def _main(argv: list[str] | None = None) -> int:
         wd.mkdir(parents=True, exist_ok=True)
         figs = asyncio.run(run(a.duration_s, wd))
     print(json.dumps(figs.summary(), indent=2))
-    ok = figs.refused_tray_messages == 0 and figs.refused_commands == 0
+    ok = figs.refused_tray_messages == 0 and figs.refused_commands == 0 \
+        and figs.unreadable_reply_states == 0
     return 0 if ok else 1
 
 

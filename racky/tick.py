@@ -37,6 +37,7 @@ from rackplane.core.envelope import MAX_INPUT_BYTES, JsonError, read_json
 from rackplane.core.polling import hold_good
 from rackplane.core.samples import Quality, Sample
 from rackplane.core.topics import Topics
+from rackplane.core.tray_reply import ReplyReading, ReplyStateError, parse_reply_state
 from racky.config import RackyConfig
 from racky.core.agent_settings import AgentCommand
 from racky.core.alarmbank import AlarmKind
@@ -181,7 +182,13 @@ class RackyTick:
         latest: per shelf device name, point -> the newest `Sample`.
         ingest: the node agents' telemetry (`TelemetryIngest`).
         pending: request id -> (trays, sent at monotonic s) of unanswered agent commands.
-        agent_stats: sent / ok / refused / lost / send_errors counts (``state/health``).
+        agent_stats: sent / ok / refused / lost / send_errors counts (``state/health``);
+            of the ok replies, ``unconfirmed`` (the agent could not read its limits back yet),
+            ``legacy_replies`` (an agent older than contract 1.3: the older reply layout,
+            read during the deprecation window) and ``bad_reply_state`` (a state racky cannot
+            read: the command counts as ok, the read-back is not kept).
+        agent_readback: tray -> the newest ok reply's read-back (`ReplyReading`: per-GPU
+            enforced limits and the tray figure, W).
         sending: False while one of a pair is standby: the commands its shadow core decides
             are counted in ``withheld_commands`` and go nowhere (no publish, no pending).
         payload_problems: what is wrong with an input now (``trayNN``, ``cooling_state``,
@@ -201,7 +208,9 @@ class RackyTick:
         self.ingest = TelemetryIngest(a.trays, a.gpus_per_tray, tuple(cfg.links.counters))
         self.latest: dict[str, dict[str, Sample]] = {}
         self.pending: dict[str, tuple[tuple[int, ...], float]] = {}
-        self.agent_stats = {"sent": 0, "ok": 0, "refused": 0, "lost": 0, "send_errors": 0}
+        self.agent_stats = {"sent": 0, "ok": 0, "refused": 0, "lost": 0, "send_errors": 0,
+                            "unconfirmed": 0, "legacy_replies": 0, "bad_reply_state": 0}
+        self.agent_readback: dict[int, ReplyReading] = {}
         self.started_mono = started_mono
         self._request_n = 0
         self._cooling: dict[str, float | None] = {}
@@ -350,6 +359,28 @@ class RackyTick:
         self.agent_stats["ok" if ok else "refused"] += 1
         if not ok:
             self._log("warning", "agent_refused", trays=list(trays), error=why[:300])
+            return
+        self._reply_state(trays, data.get("state"))
+
+    def _reply_state(self, trays: Sequence[int], state: Any) -> None:
+        """Keep an ok reply's read-back (`rackplane.core.tray_reply.parse_reply_state`: the
+        contract 1.3 layout, or an older agent's); a state racky cannot read is counted and
+        logged once per problem."""
+        try:
+            r = parse_reply_state(state)
+        except ReplyStateError as err:
+            self.agent_stats["bad_reply_state"] += 1
+            why = str(err)[:300]
+            if self.payload_problems.get("agent_reply_state") != why:
+                self.payload_problems["agent_reply_state"] = why
+                self._log("warning", "agent_reply_state_refused", trays=list(trays), error=why)
+            return
+        self.payload_problems.pop("agent_reply_state", None)
+        self.agent_stats["legacy_replies"] += r.legacy
+        self.agent_stats["unconfirmed"] += r.confirmed is False
+        for k in trays:
+            if k in r.enforced_gpu_w:
+                self.agent_readback[k] = r
 
     def _arrival(self, retain: bool, received_mono: float, wall_ns: int,
                  d: Mapping[str, Any]) -> float:

@@ -12,11 +12,12 @@ logs what it would set: ``power_limit_dry_run``). Steps:
 3. one ``set_power_limits`` (a GPU cap at the device's default limit, TTL 60 s) to exercise
    the command path in dry run;
 4. every message through racky's own receive path (`racky.tick.RackyTick.message`): the
-   number refused must be 0.
+   number refused must be 0; the command's reply state must be the contract's (1.3,
+   `rackplane.core.tray_reply.parse_reply_state`).
 
 Writes ``<out>/dry-connect.txt``, ``<out>/agent.log``, ``<out>/telemetry.jsonl`` and
 ``<out>/summary.json``, and prints the summary. Exit 0 when the dry-connect read every GPU, at
-least one message per 1.5 s was published and racky refused none.
+least one message per 1.5 s was published, racky refused none and read the reply.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.servers import start_mosquitto  # noqa: E402
+from rackplane.core.tray_reply import ReplyStateError, parse_reply_state  # noqa: E402
 from racky.config import RackyConfig  # noqa: E402
 from racky.core.controller import RackyCore  # noqa: E402
 from racky.core.lifecycle import Lifecycle, PersistedState  # noqa: E402
@@ -125,17 +127,28 @@ coolant_out_temp_c = 45.0
         racky.message(t, p.encode(), retain=False, received_mono=time.monotonic(),
                       wall_ns=time.time_ns())
     replies = [json.loads(p) for t, p in tele if t.endswith("/set_power_limits/result")]
+    reply_state = "no reply"
+    if replies and replies[0].get("ok") is True:
+        try:
+            r = parse_reply_state(replies[0].get("state"))
+            reply_state = "older layout" if r.legacy else "ok"
+        except ReplyStateError as err:
+            reply_state = str(err)
+    elif replies:
+        reply_state = f"refused: {replies[0].get('error')}"
     summary = {
         "gpus": n, "dry_connect_rc": dry.returncode, "seconds": a.seconds,
         "tray_messages": len(trays), "racky_refused": racky.ingest.errors,
         "racky_stale": racky.ingest.stale_messages,
         "command_reply": replies[0] if replies else None,
+        "command_reply_state": reply_state,
         "last_message": json.loads(trays[-1][1]) if trays else None,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     ok = (dry.returncode == 0 and len(trays) >= a.seconds / 1.5
-          and racky.ingest.errors == 0 and racky.ingest.stale_messages == 0)
+          and racky.ingest.errors == 0 and racky.ingest.stale_messages == 0
+          and reply_state == "ok")
     return 0 if ok else 1
 
 

@@ -340,6 +340,13 @@ class NodeAgents:
         """Per-GPU power limits in force (`set_gpu_power_limit`; TGP until set), W (a copy)."""
         return self._hw_limit.copy()
 
+    def cap_expires_in_s(self, tray: int) -> float | None:
+        """s until tray ``tray``'s caps expire (None: no expiring cap)."""
+        k = self._tray(tray)
+        if math.isinf(self._cap_expires_s[k]):
+            return None
+        return max(0.0, float(self._cap_expires_s[k] - self._t_s))
+
     def newest_epoch(self, tray: int) -> int | None:
         """The newest command epoch tray ``tray`` has seen (None: no command yet)."""
         return self._epoch[self._tray(tray)]

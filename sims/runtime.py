@@ -53,6 +53,7 @@ from rackplane.io.mqtt import MqttLink
 from rackplane.io.service import TickStats, run_ticker
 from rackplane.log import get_logger
 from rackplane.settings import CommandSettings, Identity, MqttSettings
+from sims.agent_reply import set_power_limits_reply
 from sims.epoch_gate import EPOCH_POINT, EpochGate
 from sims.modbus_face import ModbusFace
 from sims.row import VirtualRack
@@ -392,7 +393,7 @@ class VirtualRackSimulator:
         self.log.info("node_agents_set", user=ctx.user, trays=list(args.trays),
                       changes=args.changes(), release=list(args.release), epoch=args.epoch,
                       ttl_s=args.ttl_s)
-        return node_agents_payload(self.rack, sorted(set(args.trays)))
+        return set_power_limits_reply(self.rack.agents, args.trays, args.epoch)
 
     def _get_power_limits(self, args: GetPowerLimitsArgs, ctx: CommandContext
                           ) -> dict[str, Any]:

@@ -63,6 +63,7 @@ from rackplane.core.tray_contract import (
     no_null_defaults,
 )
 from rackplane.core.tray_contract import SetPowerLimitsArgs as ContractSetPowerLimitsArgs
+from rackplane.core.tray_reply import SetPowerLimitsReply
 from rackplane.errors import CommandError
 from rackplane.schemagen import schema_documents_of, stale_documents, write_documents
 from rackplane.settings import Identity
@@ -720,6 +721,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "sim.state.faces": FacesState,
     "sim.state.node_agents": NodeAgentsState,
     "sim.set_power_limits.args": SetPowerLimitsArgs,
+    "sim.set_power_limits.reply": SetPowerLimitsReply,
     "sim.get_power_limits.args": GetPowerLimitsArgs,
 }
 

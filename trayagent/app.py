@@ -34,6 +34,7 @@ from typing import Any, Unpack
 from rackplane.commands import CommandRouter, LeaseGate
 from rackplane.config import secret_from_env
 from rackplane.core.envelope import CommandContext
+from rackplane.core.tray_contract import SCHEMA_VERSION
 from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask
 from rackplane.errors import CommandError, ConfigError
 from rackplane.io.mqtt import MqttLink
@@ -208,7 +209,7 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
         self.log.info("caps_set", trays=args.trays, epoch=args.epoch, user=ctx.user,
                       power_cap_w=self.book.trays[args.trays[0]].power_cap_w,
                       gpu_power_cap_w=self.book.trays[args.trays[0]].gpu_power_cap_w)
-        return self._confirm(list(args.trays), grew)
+        return self._confirm(list(args.trays), grew, args.epoch)
 
     def _check_cap_range(self, args: SetPowerLimitsArgs) -> None:
         given = args.model_fields_set
@@ -227,7 +228,7 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
                             f"{getattr(args, f) * per_gpu:g} W per GPU, below gpu {g.gpu}'s "
                             f"minimum power limit {lo:g} W (tray {t})")
 
-    async def _confirm(self, trays: list[int], persist: bool) -> dict[str, Any]:
+    async def _confirm(self, trays: list[int], persist: bool, epoch: int) -> dict[str, Any]:
         """Persist a grown epoch (a failure is logged and said in the reply: the command is
         applied, the epoch holds until a restart), then enforce and wait for the read-back."""
         saved: bool | None = None
@@ -263,33 +264,41 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
                 holds, timeout=max(0.0, deadline - self.clock.monotonic()))
             done = done and len(finished) == len(holds) and all(
                 h.result().confirmed for h in holds)
-        return {**self._state(trays, targets, confirmed=done), "epoch_persisted": saved}
+        return {**self._state(trays, targets, confirmed=done, epoch=epoch),
+                "epoch_persisted": saved}
 
     def _state(self, trays: Sequence[int], targets: Mapping[tuple[int, int], Target],
-               *, confirmed: bool) -> dict[str, Any]:
+               *, confirmed: bool, epoch: int) -> dict[str, Any]:
+        """The reply state (`rackplane.core.tray_reply.SetPowerLimitsReply`, contract 1.3):
+        per GPU the limit read back (W), per tray the enforced figure as in telemetry."""
         now = self.clock.monotonic()
-        out = {}
-        for t in trays:
+        out: list[dict[str, Any]] = []
+        for t in sorted(set(trays)):
             c = self.book.trays[t]
             gpus = []
+            read: list[float | None] = []
             for i, g in enumerate(self.gpus[t]):
                 tg = targets.get((t, i))
+                read.append(None if g.reading is None else g.reading.limit_w)
                 gpus.append({"gpu": g.gpu, "target_w": None if tg is None else tg.watts,
                              "source": None if tg is None else tg.source,
                              "clamped": None if tg is None else tg.clamped,
-                             "enforced_w": None if g.reading is None else g.reading.limit_w})
-            st: dict[str, Any] = {"epoch": c.epoch, "power_cap_w": c.power_cap_w,
-                                  "gpu_power_cap_w": c.gpu_power_cap_w,
-                                  "cap_expires_in_s": self.book.expires_in_s(t, now),
-                                  "gpus": gpus}
-            out[f"{t}"] = st
+                             "enforced_w": read[-1]})
             ctl = self.controls.get(t)
+            tray_w: float | None = None if None in read else sum(w or 0.0 for w in read)
             if t in self.bmc_capped:
-                st["bmc_control"] = None if ctl is None else {
+                tray_w = None if ctl is None else ctl.enforced_w
+            out.append({"tray": t, "epoch": c.epoch, "powered": None,
+                        "power_cap_w": c.power_cap_w, "gpu_power_cap_w": c.gpu_power_cap_w,
+                        "cap_expires_in_s": self.book.expires_in_s(t, now),
+                        "enforced_tray_cap_w": tray_w, "gpus": gpus})
+            if t in self.bmc_capped:
+                out[-1]["bmc_control"] = None if ctl is None else {
                     "wanted_w": ctl.wanted_w, "target_w": ctl.target_w,
                     "clamped": ctl.clamped, "enforced_w": ctl.enforced_w,
                     "confirmed": ctl.confirmed, "patches": ctl.attempts, "error": ctl.error}
-        return {"confirmed": confirmed, "dry_run": self.cfg.caps.dry_run, "trays": out}
+        return {"schema_version": SCHEMA_VERSION, "epoch": epoch, "confirmed": confirmed,
+                "dry_run": self.cfg.caps.dry_run, "trays": out}
 
     # --- enforcement (worker thread) ---------------------------------------------------------
 

@@ -34,6 +34,7 @@ from racky.core.controller import RackyCore
 from racky.core.lifecycle import Lifecycle, PersistedState
 from racky.fleet import FleetLink
 from racky.tick import AgentPublish, RackyTick
+from sims.agent_reply import set_power_limits_reply
 from sims.modbus_face import ModbusFace
 from sims.runtime import apply_set_power_limits, plant_payload, serve_values
 from sims.scenario import (
@@ -244,14 +245,17 @@ class _RackyIO:
         refusal (``code: message``), if any."""
         env = CommandEnvelope.model_validate(json.loads(encode_json(c.payload)))
         error: dict[str, str] | None = None
+        state: dict[str, Any] | None = None
         try:
-            apply_set_power_limits(self.rack, SetPowerLimitsArgs.model_validate(env.args))
+            args = SetPowerLimitsArgs.model_validate(env.args)
+            apply_set_power_limits(self.rack, args)
+            state = set_power_limits_reply(self.rack.agents, args.trays, args.epoch)
         except ValidationError as err:
             error = {"code": "invalid_args", "message": str(err)[:300]}
         except CommandError as err:
             error = {"code": str(err.code), "message": str(err)}
         reply = {"request_id": env.request_id, "ok": error is None, "error": error,
-                 "state": None}
+                 "state": state}
         self.tick.message(f"{c.topic}/result", encode_json(reply), retain=False,
                           received_mono=now, wall_ns=wall_ns)
         return None if error is None else f"{error['code']}: {error['message']}"

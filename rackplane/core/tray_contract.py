@@ -115,7 +115,7 @@ GPU_POWER_LIMIT_PLAUSIBLE_MAX_W = 3000.0
 power (``gpu_power_w`` ≤ 3,000 W). The static bound of ``gpu_max_power_limit_w``."""
 
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 2
+SCHEMA_MINOR = 3
 SCHEMA_VERSION = f"{SCHEMA_MAJOR}.{SCHEMA_MINOR}"
 """The contract version this code speaks (telemetry ``schema_version``, command args too)."""
 

@@ -74,6 +74,11 @@ async def test_racky_caps_the_rack_and_serves_valveys_power_down(
             caps = [sim.rack.agents.settings(k).power_cap_w for k in range(18)]
             assert all(c is not None for c in caps), caps  # the agents hold racky's caps
             assert racky.agent_stats["ok"] >= 1 and racky.agent_stats["refused"] == 0
+            # the simulator's agents answer in the contract's reply layout (1.3): every ok
+            # reply read, its per-GPU read-back kept
+            assert racky.agent_stats["bad_reply_state"] == 0, racky.agent_stats
+            assert racky.agent_stats["legacy_replies"] == 0, racky.agent_stats
+            assert racky.racky_tick.agent_readback
 
             n = len(sub.messages)
             await mqtt_pub(mosquitto.port, f"{base}/racky/cmd/valvey/power_down_trays",

@@ -29,6 +29,7 @@ import pytest
 
 from harness.daemons import Proc, command_envelope, daemon_proc, until
 from harness.servers import Mosquitto
+from rackplane.core.tray_reply import SetPowerLimitsReply
 from racky.config import RackyConfig
 from racky.core.controller import RackyCore
 from racky.core.lifecycle import Lifecycle, PersistedState
@@ -160,14 +161,15 @@ async def test_agent_publishes_what_racky_accepts_and_enforces_reads_back_and_fa
         assert r["ok"], r
         st = r["state"]
         assert st["confirmed"] is True
-        assert [g["enforced_w"] for g in st["trays"]["3"]["gpus"]] == [500.0] * 4
+        assert [g["enforced_w"] for g in st["trays"][0]["gpus"]] == [500.0] * 4
         t = await _tray_where(sub, lambda t: t["agent"]["gpu_power_cap_w"] == 500.0,
                               "racky's cap reported", agent)
         assert t["agent"]["enforced_gpu_cap_w"] == 500.0 and t["agent"]["epoch"] == 5
 
         r = await _command(mosquitto.port, sub, {"epoch": 5, "gpu_power_cap_w": 5000.0,
                                                  "ttl_s": 3.0})
-        g0 = r["state"]["trays"]["3"]["gpus"][0]
+        SetPowerLimitsReply.model_validate(r["state"])  # the contract's reply, clamp and all
+        g0 = r["state"]["trays"][0]["gpus"][0]
         assert r["ok"] and g0["target_w"] == 1200.0 and "above the device maximum" in \
             g0["clamped"] and g0["enforced_w"] == 1200.0
         t = await _tray_where(sub, lambda t: t["agent"]["cap_clamped"] is True,
@@ -195,7 +197,7 @@ async def test_agent_publishes_what_racky_accepts_and_enforces_reads_back_and_fa
 
         # a release is racky deciding "uncapped": the device default
         r = await _command(mosquitto.port, sub, {"epoch": 6, "release": ["gpu_power_cap_w"]})
-        assert r["ok"] and {g["source"] for g in r["state"]["trays"]["3"]["gpus"]} == \
+        assert r["ok"] and {g["source"] for g in r["state"]["trays"][0]["gpus"]} == \
             {"default"}
         assert agent.stop() == 0
 

@@ -30,6 +30,7 @@ async def test_the_virtual_rack_through_the_real_agent_is_capped_and_nothing_is_
     assert figs.tray_messages >= 18 * 25  # 1 Hz per tray, most of the run
     assert figs.refused_tray_messages == 0
     assert figs.refused_commands == 0 and figs.commands_ok >= 1
+    assert figs.unreadable_reply_states == 0  # racky reads the agent's 1.3 reply state
     assert figs.cap_commands >= 1
     assert figs.cap_commands_confirmed == figs.cap_commands
     assert len(figs.enforced_gpu_caps_w) == 18

@@ -90,7 +90,7 @@ def _tray(tray: int, safe_w: float, limits: DeviceLimits = LIM, *, enforceable: 
 def test_the_agent_states_its_safe_cap_as_enforced_and_racky_reads_it() -> None:
     ingest = TelemetryIngest(18, 4, ())
     m = decode_payload(_tray(0, 250.0))
-    assert m.struct.agent.safe_gpu_cap_w == 250.0 and m.struct.schema_version == "1.2"
+    assert m.struct.agent.safe_gpu_cap_w == 250.0 and m.struct.schema_version == "1.3"
     assert ingest.tray_payload(m, 1.0).agent.safe_gpu_cap_w == 250.0
     # below the device's lowest limit: the agent holds (and states) that limit
     low = decode_payload(_tray(1, 100.0, DeviceLimits(180.0, 1200.0, 1000.0))).struct

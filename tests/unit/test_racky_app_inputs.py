@@ -272,3 +272,29 @@ def test_a_retained_cooling_state_stamped_in_the_future_is_stale(racky: Racky, t
     racky._on_cooling(_msg(racky.cooling_topic, st, retain=True, t=1000.0))
     c = racky.cooling_reading()
     assert c is not None and 1000.0 - c.t_mono > stale
+
+
+def test_an_ok_agent_reply_keeps_its_read_back_in_either_layout(racky: Racky) -> None:
+    """Contract 1.3's reply state is read (per-GPU read-back kept per tray); an older agent's
+    layout is read and counted as legacy; an unreadable state is counted and logged once, the
+    command still counts as ok (the agent applied it)."""
+    topic = f"{racky.agent_base}/cmd/racky/set_power_limits/result"
+    new = {"schema_version": "1.3", "epoch": 7, "confirmed": False, "trays": [
+        {"tray": 3, "epoch": 7, "powered": None, "power_cap_w": None,
+         "gpu_power_cap_w": 500.0, "cap_expires_in_s": 60.0, "enforced_tray_cap_w": None,
+         "gpus": [{"gpu": 12 + i, "enforced_w": w} for i, w in
+                  enumerate([500.0, 500.0, 500.0, None])]}]}
+    old = {"trays": [{"tray": 4, "enforced_gpu_cap_w": 600.0, "enforced_tray_cap_w": 2700.0}],
+           "stale_refused": 0}
+    for rid, trays, state in (("r1", (3,), new), ("r2", (4,), old),
+                              ("r3", (5,), {"schema_version": "1.3", "epoch": 7})):
+        racky._pending[rid] = (trays, 0.0)
+        racky._on_agent_reply(_msg(topic, {"request_id": rid, "ok": True, "error": None,
+                                           "state": state}, retain=False, t=1.0))
+    s = racky.agent_stats
+    assert (s["ok"], s["unconfirmed"], s["legacy_replies"], s["bad_reply_state"]) == (3, 1, 1, 1)
+    rb = racky.racky_tick.agent_readback
+    assert rb[3].enforced_gpu_w[3] == [500.0, 500.0, 500.0, None] and not rb[3].legacy
+    assert rb[4].enforced_tray_cap_w[4] == 2700.0 and rb[4].legacy
+    assert 5 not in rb
+    assert "agent_reply_state" in racky.racky_tick.payload_problems

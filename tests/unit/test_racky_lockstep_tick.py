@@ -83,3 +83,23 @@ def test_the_harness_feeds_the_tick_only_through_the_daemons_inputs() -> None:
     assert seen["shelf"] == 8 * ticks and seen["tray"] == 18 * ticks
     assert seen["cooling"] == ticks and seen["plant"] == ticks
     assert seen["reply"] == len(r.commands) > 0
+
+
+def test_the_lockstep_agents_answer_with_the_contracts_reply_state(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness's node agents reply as the simulator's do (contract 1.3 reply state): racky
+    keeps every ok reply's per-GPU read-back, none unreadable, none in an older layout."""
+    ticks: list[RackyTick] = []
+    real = RackyTick.agent_reply
+
+    def spy(self: RackyTick, topic: str, payload: bytes) -> None:
+        ticks.append(self)
+        real(self, topic, payload)
+
+    monkeypatch.setattr(RackyTick, "agent_reply", spy)
+    r = _s2()
+    assert r.commands and ticks
+    s = ticks[-1].agent_stats
+    assert s["ok"] > 0 and s["bad_reply_state"] == s["legacy_replies"] == 0, s
+    rb = ticks[-1].agent_readback
+    assert rb and all(len(x.enforced_gpu_w[k]) == 4 for k, x in rb.items())

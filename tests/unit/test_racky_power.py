@@ -309,9 +309,9 @@ def test_wire_args_are_contract_v1_never_null_with_a_ttl_on_caps() -> None:
                                       ramp_up_w_per_s=50.0)]
     cmds = diff_commands(old, new, "budget")
     wires = {c.trays: c.wire_args(1_800_000_000_000) for c in cmds}
-    assert wires[(0,)] == {"schema_version": "1.2", "trays": [0], "epoch": 1_800_000_000_000,
+    assert wires[(0,)] == {"schema_version": "1.3", "trays": [0], "epoch": 1_800_000_000_000,
                            "power_cap_w": 4000.0, "ramp_up_w_per_s": 50.0, "ttl_s": CAP_TTL_S}
-    assert wires[(1,)] == {"schema_version": "1.2", "trays": [1], "epoch": 1_800_000_000_000,
+    assert wires[(1,)] == {"schema_version": "1.3", "trays": [1], "epoch": 1_800_000_000_000,
                            "release": ["power_cap_w", "gpu_power_cap_w", "ramp_up_w_per_s"]}
     for w in wires.values():
         assert None not in w.values()

@@ -116,7 +116,7 @@ def _payload(xids: dict[int, XidCount] | None, ecc: tuple[int | None, int | None
 def test_ecc_and_xids_reach_racky_and_older_messages_still_read() -> None:
     xids = {9: XidCount(20, list(range(40, 60)))}
     p = _payload(xids, (7, 2**64))  # an impossible count is not sent
-    assert p["schema_version"] == SCHEMA_VERSION == "1.2"
+    assert p["schema_version"] == SCHEMA_VERSION == "1.3"
     g = p["gpus"]
     assert isinstance(g, list)
     assert (g[0]["ecc_corrected_volatile"], g[0]["ecc_uncorrected_volatile"]) == (7, None)
@@ -145,7 +145,7 @@ def test_ecc_and_xids_reach_racky_and_older_messages_still_read() -> None:
     assert ing.errors == 0
     # a newer minor with its own fields: accepted, the unknown ones named
     newer = json.loads(raw)
-    newer["schema_version"] = "1.3"
+    newer["schema_version"] = "1.4"
     newer["gpus"][0]["xid_names"] = ["GSP timeout"]
     assert decode_tray(json.dumps(newer).encode()).ignored == frozenset({"gpus[].xid_names"})
 

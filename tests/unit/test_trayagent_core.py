@@ -198,7 +198,7 @@ def test_the_payload_is_the_contract_racky_decodes() -> None:
     assert (g.power_limit_w, g.power_limit_min_w, g.power_limit_max_w,
             g.power_limit_default_w, g.power_kind) == (700.0, 200.0, 1200.0, 1000.0, "average")
     assert (m.agent.cap_enforceable, m.agent.cap_clamped) == (True, None)
-    assert m.schema_version == "1.2"
+    assert m.schema_version == "1.3"
 
 
 def test_a_1_0_message_is_still_read_and_a_newer_minor_is_read_leniently() -> None:
