@@ -207,6 +207,35 @@ def test_watch_into_a_pipe_prints_each_update_as_it_arrives(
     assert sum(x.startswith("state/health ") for x in got) >= 2, got  # live, one per update
 
 
+@pytest.mark.parametrize("mode", ["--plain", "--json"])
+def test_watch_into_a_pipe_the_reader_closes_ends_quietly(
+        mosquitto: Mosquitto, valvey: Proc, mode: str) -> None:
+    """``rackctl watch valvey | head -3``: once the reader closes the pipe, the watch ends
+    within seconds with 141 (128 + SIGPIPE, as ``yes | head``) and no traceback (each message
+    raised BrokenPipeError, which the MQTT dispatcher logged, and the watch ran on forever)."""
+    wait_online(mosquitto, valvey)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rackctl", "watch", "valvey", mode, "--duration", "120",
+         *flags(mosquitto, valvey)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "HOME": "/nonexistent"})
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        got = [proc.stdout.readline() for _ in range(3)]
+        assert all(got), got
+        proc.stdout.close()  # what head does after its lines
+        closed_at = time.monotonic()
+        code = proc.wait(timeout=60)  # the next message (health: every few s) finds it closed
+        took_s = time.monotonic() - closed_at
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert code == 141, (code, err)
+    assert took_s < 15, took_s  # ended at the first message after the close, not at --duration
+    assert "Traceback" not in err and "BrokenPipe" not in err and "mqtt_handler" not in err, err
+
+
 def test_cmd_shows_a_refusal_without_request_id(mosquitto: Mosquitto, valvey: Proc) -> None:
     """An envelope the daemon cannot read (over 16 kB) is refused with request_id null; v5
     Correlation Data still brings the refusal to rackctl: exit 1 at once, not "no reply"."""
