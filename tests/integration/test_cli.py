@@ -263,6 +263,26 @@ def test_replay_to_a_dead_url_reports_retries_and_gives_up(tmp_path: Path) -> No
     assert "retry 1" in r.out and "replay stopped early: gave up after 1" in r.err, r
 
 
+@pytest.mark.parametrize("what", ["missing", "empty", "other files", "a file"])
+def test_replay_refuses_what_is_not_a_spool_and_creates_nothing(tmp_path: Path,
+                                                                   what: str) -> None:
+    """A typo'd path or a folder that is not a spool: exit 2 with the reason on one line, and
+    nothing created (it "replayed" as complete, exit 0, leaving a replay-cursor there)."""
+    target = tmp_path / "spool"
+    if what == "empty":
+        target.mkdir()
+    elif what == "other files":
+        target.mkdir()
+        (target / "notes.txt").write_text("x\n")
+    elif what == "a file":
+        target.write_text("x\n")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    r = rackctl("replay", str(target), "--url", "http://127.0.0.1:1", "--give-up", "1")
+    assert r.code == 2, r
+    assert r.err.count("\n") == 1 and str(target) in r.err, r
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
 def test_replay_into_influxdb1_with_api_v1(tmp_path: Path, influxdb1: InfluxDB1) -> None:
     from rackplane.io.spool import Spool
 
