@@ -456,6 +456,7 @@ def cmd(
         BrokerRefused,
         BrokerUnavailable,
         CommandClient,
+        PayloadTooLarge,
         ReplyTimeout,
         parse_args,
         validate_request_id,
@@ -496,6 +497,8 @@ def cmd(
         _fail(f"MQTT: {err}", EXIT_NO_BROKER)
     except ConfigError as err:
         _fail(f"settings: {err}", EXIT_USAGE)
+    except PayloadTooLarge as err:
+        _fail(str(err), EXIT_USAGE)
     except ValueError as err:  # args not JSON-serialisable, invalid topic level
         _fail(f"invalid command: {_one_line(err)}", EXIT_USAGE)
     except KeyboardInterrupt:

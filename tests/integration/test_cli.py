@@ -238,18 +238,44 @@ def test_watch_into_a_pipe_the_reader_closes_ends_quietly(
 
 def test_cmd_shows_a_refusal_without_request_id(mosquitto: Mosquitto, valvey: Proc) -> None:
     """An envelope the daemon cannot read (over 16 kB) is refused with request_id null; v5
-    Correlation Data still brings the refusal to rackctl: exit 1 at once, not "no reply"."""
+    Correlation Data still brings the refusal to rackctl: exit 1 at once, not "no reply"
+    (rackctl's own limit raised: by default it refuses such an envelope itself, below)."""
     wait_online(mosquitto, valvey)
     f = flags(mosquitto, valvey)
     big = json.dumps({"note": "x" * 17_000})
     t0 = time.monotonic()
+    raised = {"RACKCTL_MAX_PAYLOAD_BYTES": "65536"}
     r = rackctl("cmd", "valvey", "get_state", "--args", big, "--json", "--username", "alice",
-                "--timeout", "30", *f)
+                "--timeout", "30", *f, env=raised)
     assert r.code == 1, r
     assert r.json()["error"]["code"] == "too_large" and r.json()["request_id"] is None
     assert time.monotonic() - t0 < 25  # the reply, not the timeout
-    human = rackctl("cmd", "valvey", "get_state", "--args", big, "--username", "alice", *f)
+    human = rackctl("cmd", "valvey", "get_state", "--args", big, "--username", "alice", *f,
+                    env=raised)
     assert human.code == 1 and "refused (too_large)" in human.out, human
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_cmd_refuses_an_envelope_over_the_daemons_limit_itself(
+        mosquitto: Mosquitto, valvey: Proc, protocol: str) -> None:
+    """``--arg reason=<100 kB>``: refused here at once, exit 2, the size and the limit named
+    (it was sent, refused unread by the daemon, and over 3.1.1 read as "no reply ... the
+    daemon may be down" after the whole timeout). Just under the limit it is still sent."""
+    from rackplane.settings import CommandSettings
+
+    limit = CommandSettings().max_payload_bytes
+    wait_online(mosquitto, valvey)
+    f = [*flags(mosquitto, valvey), "--protocol", protocol, "--username", "alice"]
+    t0 = time.monotonic()
+    r = rackctl("cmd", "valvey", "get_state", "--arg", "note=" + "x" * 100_000,
+                "--timeout", "20", *f)
+    assert r.code == 2, r
+    assert time.monotonic() - t0 < 5, r  # refused locally, not after the reply timeout
+    assert "too large" in r.err and f"{limit} bytes" in r.err and "not sent" in r.err, r
+    assert r.err.count("\n") <= 2, r
+    ok = rackctl("cmd", "valvey", "get_state", "--arg", "note=" + "x" * (limit - 1024),
+                 "--json", "--timeout", "20", *f)
+    assert ok.code in (0, 1) and ok.json()["request_id"] is not None, ok  # sent, answered
 
 
 def test_replay_to_a_dead_url_reports_retries_and_gives_up(tmp_path: Path) -> None:
