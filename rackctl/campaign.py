@@ -4,7 +4,7 @@ The verbs go to rlc (``<root>/<site>/<rack>/rlc/cmd/<user>/<verb>``, as ``rackct
 ``--rack`` is rlc's identity rack, ``rlc`` by default; roles and audit are rlc's,
 docs/COMMANDS.md):
 
-- ``start PLAN --id ID``: the plan file (TOML or JSON, by its suffix; ``.toml`` else JSON) is
+- ``start PLAN --id ID``: the plan file (TOML or JSON: ``.toml``, ``.json``, else sniffed) is
   validated here with rlc's own validator before anything is sent (`load_plan`:
   `rlc.core.campaign_plan.CampaignPlan`, the record-size bound
   `rlc.core.campaign_size.check_record_size`, and with ``--rlc-config`` the topology check
@@ -30,6 +30,7 @@ usage, settings, a plan refused locally; 3 no broker, no reply in time, NATS unr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
@@ -67,9 +68,51 @@ class PlanRefused(ValueError):
     """A plan file that rlc would refuse (the reason in the message)."""
 
 
+PLAN_FORMATS = "TOML (.toml) or JSON (.json); another suffix: whichever of the two parses"
+
+
+def _read_plan_file(path: Path) -> Any:
+    """The parsed plan file: TOML if the suffix is ``.toml``, JSON if ``.json``, else
+    whichever of JSON or TOML parses (a TOML plan named ``plan.yaml`` was reported as "not
+    valid JSON").
+
+    Raises:
+        PlanRefused: no such file, a folder, unreadable, not UTF-8, or not in a plan format
+            (the accepted formats named).
+    """
+    import tomllib
+
+    if not path.exists():
+        raise PlanRefused(f"plan file not found: {path}")
+    if path.is_dir():
+        raise PlanRefused(f"{path}: a folder, not a plan file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise PlanRefused(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})"
+                          ) from None
+    except OSError as err:
+        raise PlanRefused(f"plan file not readable: {path}: {err.strerror}") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            return tomllib.loads(text)
+        if suffix == ".json":
+            return json.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise PlanRefused(f"{path}: not valid TOML: {err}") from None
+    except json.JSONDecodeError as err:
+        raise PlanRefused(f"{path}: not valid JSON: {err}") from None
+    with contextlib.suppress(json.JSONDecodeError):
+        return json.loads(text)
+    with contextlib.suppress(tomllib.TOMLDecodeError):
+        return tomllib.loads(text)
+    raise PlanRefused(f"{path}: neither JSON nor TOML (a plan is {PLAN_FORMATS})")
+
+
 def load_plan(path: Path, topology: Any | None = None,
               max_record_bytes: int | None = None) -> dict[str, Any]:
-    """The plan of ``path`` (TOML if its suffix is ``.toml``, else JSON) as the JSON object
+    """The plan of ``path`` (`_read_plan_file`: TOML or JSON) as the JSON object
     ``campaign_start`` takes, validated as rlc validates it: `CampaignPlan`, the record-size
     bound (``max_record_bytes``, default rlc's), and with ``topology`` (rlc's
     `rlc.core.topology.TopologySettings`) `check_plan`.
@@ -79,22 +122,11 @@ def load_plan(path: Path, topology: Any | None = None,
     """
     from pydantic import ValidationError
 
-    from rackplane.config import read_toml
     from rlc.core.campaign_plan import CampaignPlan, PlanError, check_plan
     from rlc.core.campaign_size import DEFAULT_MAX_RECORD_BYTES, check_record_size
     from rlc.core.topology import compile_topology
 
-    try:
-        if path.suffix.lower() == ".toml":
-            raw: Any = read_toml(path)
-        else:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-    except ConfigError as err:
-        raise PlanRefused(str(err)) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise PlanRefused(f"{path}: {err}") from None
-    except json.JSONDecodeError as err:
-        raise PlanRefused(f"{path}: not valid JSON: {err}") from None
+    raw = _read_plan_file(path)
     if not isinstance(raw, dict):
         raise PlanRefused(f"{path}: a plan is a JSON object / TOML table")
     try:

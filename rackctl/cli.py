@@ -9,6 +9,7 @@ refused by the broker); 3 no broker or no reply in time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
+from rackctl.stdout import run_closing_quietly, stdout_closed, write_lines
 from rackctl.watch_view import WatchView as _WatchView
 from rackctl.watch_view import flatten
 from rackplane.cli import EXIT_CONFIG, EXIT_RUNTIME, fail_config, typer_app
@@ -294,7 +296,9 @@ def _lockstep_valvey(scenario: str, config: Path | None) -> None:
 
 
 def main() -> None:
-    app()
+    """The console entry point; a closed stdout ends any verb quietly with status 141
+    (`rackctl.stdout.run_closing_quietly`)."""
+    run_closing_quietly(app)
 
 
 # --- benchmarks and the scenario report (issue 8: harness/bench.py, harness/report.py) --------
@@ -452,6 +456,7 @@ def cmd(
         BrokerRefused,
         BrokerUnavailable,
         CommandClient,
+        PayloadTooLarge,
         ReplyTimeout,
         parse_args,
         validate_request_id,
@@ -492,6 +497,8 @@ def cmd(
         _fail(f"MQTT: {err}", EXIT_NO_BROKER)
     except ConfigError as err:
         _fail(f"settings: {err}", EXIT_USAGE)
+    except PayloadTooLarge as err:
+        _fail(str(err), EXIT_USAGE)
     except ValueError as err:  # args not JSON-serialisable, invalid topic level
         _fail(f"invalid command: {_one_line(err)}", EXIT_USAGE)
     except KeyboardInterrupt:
@@ -552,7 +559,11 @@ def watch(
         kind, _, name = rest.partition("/")
         return kind, name
 
+    closed: asyncio.Event
+
     async def run() -> None:
+        nonlocal closed
+        closed = asyncio.Event()
         client = CommandClient(settings)
         live: Live | None = None
 
@@ -565,14 +576,13 @@ def watch(
             if json_out:
                 line = {"topic": msg.topic, "kind": kind, "name": name or None,
                         "retained": msg.retain, "payload": body}
-                sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
-                sys.stdout.flush()
+                if not write_lines([json.dumps(line, ensure_ascii=False)]):
+                    closed.set()  # the reader left (``| head``): end the watch
                 return
             view.update(kind, name, body)
             if plain:
-                for text in view.lines(kind, name, body):
-                    sys.stdout.write(text + "\n")
-                sys.stdout.flush()
+                if not write_lines(list(view.lines(kind, name, body))):
+                    closed.set()
                 return
             if live is not None:
                 live.update(view.render())
@@ -581,11 +591,11 @@ def watch(
             client.subscribe(flt, on_message, qos=1)
         async with client:
             if json_out or plain:
-                await _sleep_or_forever(duration)
+                await _sleep_or_forever(duration, closed)
                 return
             with Live(view.render(), refresh_per_second=4, console=Console()) as lv:
                 live = lv
-                await _sleep_or_forever(duration)
+                await _sleep_or_forever(duration, closed)
 
     try:
         asyncio.run(run())
@@ -597,13 +607,14 @@ def watch(
         _fail(f"settings: {err}", EXIT_USAGE)
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_OK) from None
+    if closed.is_set():
+        raise stdout_closed()
 
 
-async def _sleep_or_forever(duration: float | None) -> None:
-    if duration is None:
-        await asyncio.Event().wait()
-    else:
-        await asyncio.sleep(duration)
+async def _sleep_or_forever(duration: float | None, stop: asyncio.Event) -> None:
+    """Wait ``duration`` seconds (None: forever) or until ``stop`` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), duration)
 
 
 # --- the contract: JSON Schemas and docs/COMMANDS.md -------------------------------------------

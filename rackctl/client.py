@@ -60,7 +60,7 @@ from rackplane.config import StrictModel, read_toml, validate_data
 from rackplane.core.names import check_topic_level, check_topic_levels
 from rackplane.errors import ConfigError
 from rackplane.io.mqtt import Handler, Message, MqttLink, Topics, encode_json
-from rackplane.settings import Identity, MqttSettings, TlsSettings, TopicLevel
+from rackplane.settings import CommandSettings, Identity, MqttSettings, TlsSettings, TopicLevel
 
 __all__ = [
     "ENV_PREFIX",
@@ -68,6 +68,7 @@ __all__ = [
     "BrokerUnavailable",
     "ClientSettings",
     "CommandClient",
+    "PayloadTooLarge",
     "ReplyTimeout",
     "default_config_path",
     "load_client_settings",
@@ -107,6 +108,10 @@ class ClientSettings(StrictModel):
     )
     timeout_s: float = Field(10.0, gt=0, le=3600, description="wait for a reply [s]")
     connect_timeout_s: float = Field(5.0, gt=0, le=120, description="wait for the broker [s]")
+    max_payload_bytes: int = Field(
+        CommandSettings.model_fields["max_payload_bytes"].default, ge=1024, le=262_144,
+        description="a command envelope larger than this is refused here (the daemons refuse "
+        "it unread, 'too_large'); set it to the daemons' commands.max_payload_bytes [bytes]")
 
     @field_validator("topic_root")
     @classmethod
@@ -316,6 +321,20 @@ class BrokerRefused(Exception):
     (exit 2: fix the settings)."""
 
 
+class PayloadTooLarge(ValueError):
+    """The command envelope is larger than ``max_payload_bytes`` (exit 2): a daemon would
+    refuse it unread (``too_large``, request_id null), which over MQTT 3.1.1 looks like no
+    reply at all."""
+
+    def __init__(self, size_bytes: int, limit_bytes: int):
+        super().__init__(
+            f"command too large: the envelope is {size_bytes} bytes, over the daemons' limit "
+            f"of {limit_bytes} bytes (commands.max_payload_bytes; rackctl's max_payload_bytes "
+            "setting if a daemon allows more); not sent")
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+
+
 class ReplyTimeout(Exception):
     """No reply within ``timeout_s`` (exit 3). The command may still be applied later (it
     may be queued for a daemon that is away) until its TTL; sending it again with the same
@@ -512,6 +531,7 @@ class CommandClient:
 
         Raises:
             ValueError: daemon or verb not a valid topic level, args not JSON-serialisable,
+                the envelope over ``max_payload_bytes`` (`PayloadTooLarge`),
                 the request id already waiting for a reply.
             PublishRefused: a v5 broker refused the publish (ACL).
             BrokerUnavailable: the reply subscription was not confirmed in time.
@@ -524,6 +544,8 @@ class CommandClient:
         if rid in self._pending:
             raise ValueError(f"request_id {rid!r} is already waiting for its reply")
         data = encode_json(self.envelope(args or {}, rid))
+        if len(data) > s.max_payload_bytes:
+            raise PayloadTooLarge(len(data), s.max_payload_bytes)
         self.expect_replies_from(daemon)
         await self._wait_subscribed(f"{topics.base}/cmd/{s.topic_user}/+/result/#",
                                     max(s.timeout_s, 1.0))

@@ -110,15 +110,17 @@ class MqttSettings(StrictModel):
         description="False keeps a persistent session so QoS 1 commands queued while the "
         "daemon is away are delivered (FIELD-CASES BR-22)",
     )
-    session_expiry_s: int = Field(3600, ge=0, description="MQTT v5 session expiry interval")
-    reconnect_min_s: float = Field(0.5, gt=0)
-    reconnect_max_s: float = Field(5.0, gt=0)
+    session_expiry_s: int = Field(3600, ge=0, le=604_800,
+                                   description="MQTT v5 session expiry interval (at most a week)")
+    reconnect_min_s: float = Field(0.5, gt=0, le=60)
+    reconnect_max_s: float = Field(5.0, gt=0, le=3600)
     topic_root: str = Field(
         "rackplane", description="first topic level(s); no wildcards, no leading or trailing '/'"
     )
     telemetry_queue_max: int = Field(
-        10_000, ge=10, description="outgoing QoS 0 telemetry kept while disconnected; the "
-        "oldest is dropped and counted beyond this (state and alarms are never dropped)"
+        10_000, ge=10, le=1_000_000, description="outgoing QoS 0 telemetry kept while "
+        "disconnected; the oldest is dropped and counted beyond this (state and alarms are "
+        "never dropped)"
     )
 
     ack_timeout_s: float = Field(
@@ -131,8 +133,8 @@ class MqttSettings(StrictModel):
         "is queued, publish 'offline' and disconnect; keep it inside the service stop budget"
     )
     outbox_max: int = Field(
-        1000, ge=10, description="outgoing QoS 1 command replies kept while disconnected; the "
-        "oldest is dropped and counted beyond this"
+        1000, ge=10, le=1_000_000, description="outgoing QoS 1 command replies kept while "
+        "disconnected; the oldest is dropped and counted beyond this"
     )
 
     @field_validator("topic_root")
@@ -159,19 +161,19 @@ class SpoolSettings(StrictModel):
         "by another process is reported by --check-config"
     )
     max_bytes: int = Field(
-        512 * 2**20, ge=2**20, description="bound on the whole spool; the oldest segments "
-        "are removed (and counted) beyond it"
+        512 * 2**20, ge=2**20, le=2**40, description="bound on the whole spool (at most 1 "
+        "TiB); the oldest segments are removed (and counted) beyond it"
     )
-    segment_bytes: int = Field(8 * 2**20, ge=4096)
+    segment_bytes: int = Field(8 * 2**20, ge=4096, le=2**30)
     fsync_interval_s: float = Field(1.0, gt=0, le=60)
     append_interval_s: float = Field(
         0.1, gt=0, le=1.0, description="longest a written line waits in the writer's memory "
         "before it is appended to the spool file: the most a SIGKILL can lose"
     )
     memory_max_lines: int = Field(
-        10_000, ge=100, description="lines kept in memory while the spool cannot be written "
-        "(disk full, unwritable); the oldest are dropped and counted beyond it (REFERENCE §8 "
-        "Telemetry buffering: >= 10,000 points in RAM)"
+        10_000, ge=100, le=10_000_000, description="lines kept in memory while the spool "
+        "cannot be written (disk full, unwritable); the oldest are dropped and counted "
+        "beyond it (REFERENCE §8 Telemetry buffering: >= 10,000 points in RAM)"
     )
 
     @field_validator("directory")
@@ -233,10 +235,10 @@ class TsdbSettings(StrictModel):
     # Faster than influxdb-client's 5 s / 125 s defaults (REFERENCE §8): the spool holds every
     # line through any outage, so retrying sooner only shortens recovery; the cap keeps a
     # returning database from waiting more than 30 s for the first retry.
-    retry_initial_s: float = Field(1.0, gt=0)
-    retry_max_s: float = Field(30.0, gt=0)
+    retry_initial_s: float = Field(1.0, gt=0, le=60)
+    retry_max_s: float = Field(30.0, gt=0, le=3600)
     stop_budget_s: float = Field(
-        5.0, ge=0, description="time allowed at shutdown to drain the spool; the rest is "
+        5.0, ge=0, le=600, description="time allowed at shutdown to drain the spool; the rest is "
         "sent after restart. Keep it below systemd's TimeoutStopSec"
     )
     ts_out_of_window: Literal["restamp", "drop"] = Field(
@@ -247,7 +249,7 @@ class TsdbSettings(StrictModel):
         "(ts_out_of_window) and logged once per change"
     )
     replay_give_up_s: float = Field(
-        180.0, gt=0, description="rackctl replay stops after this long without progress "
+        180.0, gt=0, le=86_400, description="rackctl replay stops after this long without progress "
         "(REFERENCE §8 InfluxDB retries: give up after 180 s); its cursor lets a later replay "
         "resume. The daemon's writer never gives up: the spool keeps the data"
     )
@@ -300,8 +302,8 @@ class ModbusTargetSettings(StrictModel):
     max_gap_registers: int = Field(
         8, ge=0, le=64, description="merge reads across unimplemented gaps up to this size"
     )
-    reconnect_min_s: float = Field(0.5, gt=0)
-    reconnect_max_s: float = Field(30.0, gt=0)
+    reconnect_min_s: float = Field(0.5, gt=0, le=60)
+    reconnect_max_s: float = Field(30.0, gt=0, le=3600)
     framer: Literal["socket", "rtu"] = Field(
         "socket",
         description="'socket' is Modbus TCP (MBAP header); 'rtu' is RTU frames over TCP, for "

@@ -207,20 +207,75 @@ def test_watch_into_a_pipe_prints_each_update_as_it_arrives(
     assert sum(x.startswith("state/health ") for x in got) >= 2, got  # live, one per update
 
 
+@pytest.mark.parametrize("mode", ["--plain", "--json"])
+def test_watch_into_a_pipe_the_reader_closes_ends_quietly(
+        mosquitto: Mosquitto, valvey: Proc, mode: str) -> None:
+    """``rackctl watch valvey | head -3``: once the reader closes the pipe, the watch ends
+    within seconds with 141 (128 + SIGPIPE, as ``yes | head``) and no traceback (each message
+    raised BrokenPipeError, which the MQTT dispatcher logged, and the watch ran on forever)."""
+    wait_online(mosquitto, valvey)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rackctl", "watch", "valvey", mode, "--duration", "120",
+         *flags(mosquitto, valvey)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "HOME": "/nonexistent"})
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        got = [proc.stdout.readline() for _ in range(3)]
+        assert all(got), got
+        proc.stdout.close()  # what head does after its lines
+        closed_at = time.monotonic()
+        code = proc.wait(timeout=60)  # the next message (health: every few s) finds it closed
+        took_s = time.monotonic() - closed_at
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert code == 141, (code, err)
+    assert took_s < 15, took_s  # ended at the first message after the close, not at --duration
+    assert "Traceback" not in err and "BrokenPipe" not in err and "mqtt_handler" not in err, err
+
+
 def test_cmd_shows_a_refusal_without_request_id(mosquitto: Mosquitto, valvey: Proc) -> None:
     """An envelope the daemon cannot read (over 16 kB) is refused with request_id null; v5
-    Correlation Data still brings the refusal to rackctl: exit 1 at once, not "no reply"."""
+    Correlation Data still brings the refusal to rackctl: exit 1 at once, not "no reply"
+    (rackctl's own limit raised: by default it refuses such an envelope itself, below)."""
     wait_online(mosquitto, valvey)
     f = flags(mosquitto, valvey)
     big = json.dumps({"note": "x" * 17_000})
     t0 = time.monotonic()
+    raised = {"RACKCTL_MAX_PAYLOAD_BYTES": "65536"}
     r = rackctl("cmd", "valvey", "get_state", "--args", big, "--json", "--username", "alice",
-                "--timeout", "30", *f)
+                "--timeout", "30", *f, env=raised)
     assert r.code == 1, r
     assert r.json()["error"]["code"] == "too_large" and r.json()["request_id"] is None
     assert time.monotonic() - t0 < 25  # the reply, not the timeout
-    human = rackctl("cmd", "valvey", "get_state", "--args", big, "--username", "alice", *f)
+    human = rackctl("cmd", "valvey", "get_state", "--args", big, "--username", "alice", *f,
+                    env=raised)
     assert human.code == 1 and "refused (too_large)" in human.out, human
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_cmd_refuses_an_envelope_over_the_daemons_limit_itself(
+        mosquitto: Mosquitto, valvey: Proc, protocol: str) -> None:
+    """``--arg reason=<100 kB>``: refused here at once, exit 2, the size and the limit named
+    (it was sent, refused unread by the daemon, and over 3.1.1 read as "no reply ... the
+    daemon may be down" after the whole timeout). Just under the limit it is still sent."""
+    from rackplane.settings import CommandSettings
+
+    limit = CommandSettings().max_payload_bytes
+    wait_online(mosquitto, valvey)
+    f = [*flags(mosquitto, valvey), "--protocol", protocol, "--username", "alice"]
+    t0 = time.monotonic()
+    r = rackctl("cmd", "valvey", "get_state", "--arg", "note=" + "x" * 100_000,
+                "--timeout", "20", *f)
+    assert r.code == 2, r
+    assert time.monotonic() - t0 < 5, r  # refused locally, not after the reply timeout
+    assert "too large" in r.err and f"{limit} bytes" in r.err and "not sent" in r.err, r
+    assert r.err.count("\n") <= 2, r
+    ok = rackctl("cmd", "valvey", "get_state", "--arg", "note=" + "x" * (limit - 1024),
+                 "--json", "--timeout", "20", *f)
+    assert ok.code in (0, 1) and ok.json()["request_id"] is not None, ok  # sent, answered
 
 
 def test_replay_to_a_dead_url_reports_retries_and_gives_up(tmp_path: Path) -> None:
@@ -232,6 +287,26 @@ def test_replay_to_a_dead_url_reports_retries_and_gives_up(tmp_path: Path) -> No
                 "--give-up", "1")
     assert r.code == 1, r
     assert "retry 1" in r.out and "replay stopped early: gave up after 1" in r.err, r
+
+
+@pytest.mark.parametrize("what", ["missing", "empty", "other files", "a file"])
+def test_replay_refuses_what_is_not_a_spool_and_creates_nothing(tmp_path: Path,
+                                                                   what: str) -> None:
+    """A typo'd path or a folder that is not a spool: exit 2 with the reason on one line, and
+    nothing created (it "replayed" as complete, exit 0, leaving a replay-cursor there)."""
+    target = tmp_path / "spool"
+    if what == "empty":
+        target.mkdir()
+    elif what == "other files":
+        target.mkdir()
+        (target / "notes.txt").write_text("x\n")
+    elif what == "a file":
+        target.write_text("x\n")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    r = rackctl("replay", str(target), "--url", "http://127.0.0.1:1", "--give-up", "1")
+    assert r.code == 2, r
+    assert r.err.count("\n") == 1 and str(target) in r.err, r
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
 def test_replay_into_influxdb1_with_api_v1(tmp_path: Path, influxdb1: InfluxDB1) -> None:

@@ -98,3 +98,20 @@ def test_help_is_whole_and_plain(program: str, path: tuple[str, ...]) -> None:
         if getattr(cmd, "commands", None) and width >= 80:
             listed = out.partition("Commands:")[2]
             assert listed and "..." not in listed, where
+
+
+def test_rackctl_into_a_closed_pipe_ends_quietly_with_141() -> None:
+    """``rackctl --help | head -0``: any verb whose reader has left ends with 141 (128 +
+    SIGPIPE, as coreutils do) and nothing on stderr (click's own handling exited 1)."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "rackctl", "--help"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "COLUMNS": "200"})
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert err == ""

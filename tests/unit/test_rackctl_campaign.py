@@ -58,13 +58,36 @@ def test_plan_files_toml_and_json_validated_as_rlc_does(tmp_path: Path) -> None:
         f.write_text(text, encoding="utf-8")
         with pytest.raises(PlanRefused, match=why):
             load_plan(f)
-    with pytest.raises(PlanRefused, match="No such file"):
+    with pytest.raises(PlanRefused, match="plan file not found"):
         load_plan(tmp_path / "missing.json")
     over = tmp_path / "over.toml"  # fine by itself, but above the topology's row limit
     over.write_text(TOML.replace("50000.0", "131000.0"), encoding="utf-8")
     assert load_plan(over)["racks"]
     with pytest.raises(PlanRefused, match="can never run"):
         load_plan(over, default_topology())
+
+
+def test_plan_file_of_another_suffix_missing_or_a_folder_says_so(tmp_path: Path) -> None:
+    """A TOML plan named ``.yaml`` (was "not valid JSON"), a missing ``.toml`` (was "config
+    file not found"), a folder (was a raw "[Errno 21]"): read, or refused with what it is."""
+    expected = load_plan(_write(tmp_path / "p.toml", TOML))
+    assert load_plan(_write(tmp_path / "plan.yaml", TOML)) == expected
+    assert load_plan(_write(tmp_path / "plan", json.dumps(expected))) == expected
+    with pytest.raises(PlanRefused, match=r"neither JSON nor TOML .*\.toml.*\.json"):
+        load_plan(_write(tmp_path / "real.yaml", "racks:\n  - rack1\n"))
+    for missing in ("missing.toml", "missing.yaml"):
+        with pytest.raises(PlanRefused, match=r"^plan file not found: .*missing") as err:
+            load_plan(tmp_path / missing)
+        assert "config" not in str(err.value)
+    (tmp_path / "plans").mkdir()
+    with pytest.raises(PlanRefused, match=r"a folder, not a plan file") as err:
+        load_plan(tmp_path / "plans")
+    assert "Errno" not in str(err.value)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
 
 
 def _campaign() -> Campaign:

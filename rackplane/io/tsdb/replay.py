@@ -5,14 +5,15 @@ its own cursor, resumable.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
-from rackplane.errors import ConfigError
-from rackplane.io.spool import REPLAY_CURSOR_FILE, Spool
+from rackplane.errors import ConfigError, SpoolError
+from rackplane.io.spool import CURSOR_FILE, REPLAY_CURSOR_FILE, Spool
 from rackplane.io.tsdb.influx import _backoff_s, _rejection_details, _Sender, sender_secret
 from rackplane.io.tsdb.timestamps import TimestampGuard
 from rackplane.log import get_logger
@@ -53,6 +54,31 @@ class ReplayResult:
     ts_dropped: int = 0
 
 
+_SPOOL_FILE_RE = re.compile(
+    r"^seg-\d{16}\.lp$|^" + re.escape(CURSOR_FILE) + "$|^" + re.escape(REPLAY_CURSOR_FILE) + "$")
+
+
+def require_spool_folder(spool_dir: Path) -> None:
+    """Refuse what is not a spool before anything is written there (the read-only spool
+    keeps a ``replay-cursor`` in its folder; a typo'd path once "replayed" as complete and
+    left one behind).
+
+    Raises:
+        SpoolError: ``spool_dir`` is missing, not a folder, or holds neither a segment
+            (``seg-<16 digits>.lp``) nor a spool cursor.
+    """
+    if not spool_dir.exists():
+        raise SpoolError(f"{spool_dir}: no such folder")
+    if not spool_dir.is_dir():
+        raise SpoolError(f"{spool_dir}: not a folder (give the spool folder)")
+    try:
+        names = [p.name for p in spool_dir.iterdir()]
+    except OSError as err:
+        raise SpoolError(f"{spool_dir}: cannot list: {err.strerror}") from None
+    if not any(_SPOOL_FILE_RE.match(n) for n in names):
+        raise SpoolError(f"{spool_dir}: not a spool (no seg-*.lp segment or cursor file)")
+
+
 async def replay(
     spool_dir: Path,
     tsdb: TsdbSettings,
@@ -79,10 +105,12 @@ async def replay(
     Raises:
         ConfigError: ``tsdb.url`` is None, or ``token_env`` (v2) / ``password_env`` (v1)
             names an unset variable.
-        SpoolError: no spool there, or one of another format version.
+        SpoolError: no spool there (the path missing, not a folder, or a folder holding
+            no spool file: nothing is created there), or one of another format version.
     """
     if tsdb.url is None:
         raise ConfigError("replay needs tsdb.url (the InfluxDB to send the spool to)")
+    require_spool_folder(Path(spool_dir))
     log = log if log is not None else get_logger("rackplane.io.tsdb")
     secret = sender_secret(tsdb)
     loop = asyncio.get_running_loop()
