@@ -35,6 +35,9 @@ class Recorder:
     racky_status: str = "?"
     rack: dict[str, Any] = field(default_factory=dict)
     rack_power: list[dict[str, Any]] = field(default_factory=list)
+    limit_log: list[tuple[float, float | None, str | None]] = field(default_factory=list)
+    """racky's power limit as it changed: (plant s, ``limit_w`` [W] or None, its
+    ``limit_source``), from each ``state/rack``; the first entry is the first one seen."""
     commands: list[tuple[float, str, str, str]] = field(default_factory=list)
     """Commands sent to the daemons during the run: (plant s, daemon, user, verb)."""
     pumps: list[dict[str, Any]] = field(default_factory=list)
@@ -77,6 +80,7 @@ class Recorder:
             t = self.plant_t(msg.received_mono)
             if t is not None:
                 self._lifecycle(t, payload.get("lifecycle"))
+                self._limit(t, payload.get("limit_w"), payload.get("limit_source"))
         elif topic.endswith("/racky/state/rack_power") and isinstance(payload, dict):
             t = self.plant_t(msg.received_mono)
             if t is not None:
@@ -121,6 +125,23 @@ class Recorder:
         if prev is not None and duty != prev:
             self.events.append((t, f"valvey: duty pump {prev} -> {duty} (running: "
                                    f"{running.get(str(duty))})"))
+
+    def _limit(self, t: float, limit_w: Any, source: Any) -> None:
+        w = float(limit_w) if isinstance(limit_w, (int, float)) else None
+        src = None if source is None else str(source)
+        last = self.limit_log[-1] if self.limit_log else None
+        if last is None or last[1:] != (w, src):
+            self.limit_log.append((t, w, src))
+
+    def limit_at(self, t: float) -> float | None:
+        """racky's power limit [W] in force at plant ``t`` [s]: the last one published at or
+        before ``t`` (None: none yet, or racky published no limit)."""
+        w: float | None = None
+        for t_s, lim, _ in self.limit_log:
+            if t_s > t:
+                break
+            w = lim
+        return w
 
     def _lifecycle(self, t: float, lc: Any) -> None:
         if not isinstance(lc, dict):

@@ -50,7 +50,8 @@ class RackySummary:
     limit_w: float | None
     limit_source: str | None
     over_limit_s: float
-    """Plant seconds of rack_power samples above ``limit_w`` (1 Hz samples)."""
+    """Plant seconds of rack_power samples above the limit in force at each (racky's
+    ``limit_w`` then, `Recorder.limit_at`; 1 Hz samples)."""
     exit_code: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -118,7 +119,11 @@ def racky_summary(rec: Recorder) -> RackySummary | None:
     powers = [r["rack_power_w"] for r in rec.rack_power
               if isinstance(r.get("rack_power_w"), (int, float))]
     limit = rec.rack.get("limit_w")
-    over = sum(1 for p in powers if isinstance(limit, (int, float)) and p > limit)
+    over = 0  # each sample against the limit in force when it was taken, not the last one
+    for r in rec.rack_power:
+        p, lim_then = r.get("rack_power_w"), rec.limit_at(float(r["t_s"]))
+        if isinstance(p, (int, float)) and lim_then is not None and p > lim_then:
+            over += 1
     last = rec.rack_power[-1] if rec.rack_power else {}
     return RackySummary(
         lifecycle=lc.get("state"), lifecycle_reason=lc.get("reason"),
@@ -248,7 +253,8 @@ def _racky_text(r: RackySummary | None) -> str:
             f"{f' ({r.lifecycle_reason})' if r.lifecycle_reason else ''}; rack power from the "
             f"power shelves ({r.shelves_reporting} reporting, {r.rack_power_samples} samples) "
             f"peaked at {_kw(r.rack_power_max_w)} against a budget of {_kw(r.budget_w)}{lim}, "
-            f"{r.over_limit_s:g} s above it; racky's exit code after SIGTERM: {r.exit_code}.")
+            f"{r.over_limit_s:g} s above the limit in force at the time; racky's exit code "
+            f"after SIGTERM: {r.exit_code}.")
 
 
 def _ff_text(share: dict[str, float]) -> str:
