@@ -22,6 +22,7 @@ __all__ = [
     "BAND_K",
     "DemoSummary",
     "RackySummary",
+    "command_lists",
     "count_spooled",
     "print_summary",
     "racky_summary",
@@ -79,8 +80,13 @@ class DemoSummary:
     """Share (0..1) of valvey's supply_loop states per feedforward source."""
     racky: RackySummary | None = None
     commands: list[str] = field(default_factory=list)
-    """Commands operators sent during the run (``<plant s> <user> → <daemon> <verb>``): the
-    step figures then include their effects, and the summary says so."""
+    """Commands operators sent during the run (``<plant s> <user> → <daemon> <verb>``)."""
+    commands_accepted: list[str] = field(default_factory=list)
+    """Those the daemon accepted (its reply ok): the step figures include their effects."""
+    commands_refused: list[str] = field(default_factory=list)
+    """Those refused (``... (<error code>)``): no effect on the figures."""
+    commands_unanswered: list[str] = field(default_factory=list)
+    """Those with no reply seen: whether they acted is unknown."""
     checklist: list[dict[str, Any]] = field(default_factory=list)
     """`harness.demo.checklist.CheckItem` s as dicts (label, ok, detail): what the run showed."""
     rack: str = DEMO_RACK
@@ -261,11 +267,42 @@ def _ff_text(share: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.0%}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]))
 
 
-def _commands_text(commands: list[str]) -> str:
-    shown = ", ".join(commands[:12]) + (f" and {len(commands) - 12} more"
-                                        if len(commands) > 12 else "")
-    return (f"operator commands during the run ({len(commands)}): {shown}; the figures above "
-            "include their effects (they are not the load steps' alone)")
+def command_lists(rec: Recorder) -> dict[str, list[str]]:
+    """`DemoSummary`'s command fields from the run: all, accepted, refused (with the reply's
+    error code) and unanswered, each ``<plant s> <user> → <daemon> <verb>``."""
+    out: dict[str, list[str]] = {"commands": [], "commands_accepted": [],
+                                 "commands_refused": [], "commands_unanswered": []}
+    for (t, daemon, user, verb), (outcome, code) in zip(rec.commands, rec.command_outcomes(),
+                                                        strict=True):
+        line = f"{t:.0f} s {user} → {daemon} {verb}"
+        out["commands"].append(line)
+        out[f"commands_{outcome}"].append(f"{line} ({code})" if outcome == "refused" and code
+                                          else line)
+    return out
+
+
+def _named(lines: list[str], most: int = 12) -> str:
+    return ", ".join(lines[:most]) + (f" and {len(lines) - most} more"
+                                      if len(lines) > most else "")
+
+
+def _commands_text(s: DemoSummary) -> str:
+    """Operators' commands, accepted and refused apart; the figures include the effects of
+    the accepted ones only."""
+    acc, ref, una = s.commands_accepted, s.commands_refused, s.commands_unanswered
+    parts = [f"{len(acc)} accepted" + (f": {_named(acc)}" if acc else ""),
+             f"{len(ref)} refused" + (f": {_named(ref)}" if ref else "")]
+    if una:
+        parts.append(f"{len(una)} with no reply seen: {_named(una)}")
+    if acc:
+        effect = (f"the figures above include the effects of the {len(acc)} accepted only (they "
+                  "are not the load steps' alone)")
+    elif una:
+        effect = "none was accepted; whether the unanswered ones acted is unknown"
+    else:
+        effect = "none was accepted: the figures above include no command's effect"
+    return (f"operator commands during the run ({len(s.commands)}): {'; '.join(parts)}; "
+            f"{effect}")
 
 
 def _check_line(c: dict[str, Any]) -> str:
@@ -300,7 +337,7 @@ def summary_markdown(s: DemoSummary) -> str:
         lines += ["", "What the run showed (each item checked from its data):", ""]
         lines += [f"- {_check_line(c)}" for c in s.checklist]
     if s.commands:
-        lines += ["", _commands_text(s.commands)]
+        lines += ["", _commands_text(s)]
     lines += [
         "",
         f"Feedforward source over valvey's states: {_ff_text(s.ff_source_share) or '—'}. "
@@ -353,7 +390,7 @@ def print_summary(s: DemoSummary, console: Console) -> None:
             console.print(f"  {_check_line(c)}", style=None if c["ok"] else "yellow",
                           markup=False, highlight=False)
     if s.commands:
-        say(_commands_text(s.commands))
+        say(_commands_text(s))
 
     say(f"points spooled: {s.points_spooled} lines of line protocol in {s.spool_dir} "
         "(the embedded store; `rackctl replay` sends them to an InfluxDB)")

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from harness.demo import Recorder
-from harness.demo.summary import racky_summary
+from harness.demo.summary import DemoSummary, command_lists, racky_summary, summary_markdown
 from rackplane.core.topics import Message
 
 BASE = "rackplane/lab/r12"
@@ -58,3 +58,61 @@ def test_no_limit_published_yet_counts_no_sample_above_it() -> None:
     _feed(rec, 11.0, "racky/state/rack_power", {"rack_power_w": 50_000.0})
     s = racky_summary(rec)
     assert s is not None and s.over_limit_s == 1.0
+
+
+def _command(rec: Recorder, t_s: float, user: str, verb: str, rid: str,
+             reply: dict[str, Any] | None, daemon: str = "racky") -> None:
+    _feed(rec, t_s, f"{daemon}/cmd/{user}/{verb}", {"request_id": rid, "args": {}})
+    if reply is not None:  # on the MQTT v5 response topic below result/ (rackctl's)
+        _feed(rec, t_s + 0.1, f"{daemon}/cmd/{user}/{verb}/result/n1",
+              {"request_id": rid, **reply})
+
+
+REFUSED: dict[str, Any] = {"ok": False, "state": None,
+                           "error": {"code": "not_authorized", "message": "no"}}
+ACCEPTED: dict[str, Any] = {"ok": True, "error": None, "state": {}}
+
+
+def _summary(rec: Recorder) -> DemoSummary:
+    s = DemoSummary(scenario="demo-load-step", duration_s=60.0, steps=[], points_spooled=0,
+                    spool_dir="-", valvey_exit_code=0, alarms_raised=[], plot=None,
+                    trace_csv="-", run_dir="-", max_gpu_tj_c=None)
+    for name, lines in command_lists(rec).items():
+        setattr(s, name, lines)
+    return s
+
+
+def test_commands_all_refused_say_the_figures_include_none_of_their_effects() -> None:
+    rec = Recorder()
+    _feed(rec, 0.0, "sim/telemetry/plant", {"t_s": 0.0, "supply_temp_c": 45.0})
+    for k in range(21):
+        _command(rec, 10.0 + k, "operator", "set_lifecycle", f"r{k}", REFUSED)
+    s = _summary(rec)
+    assert len(s.commands) == 21 and len(s.commands_refused) == 21
+    assert s.commands_accepted == [] and s.commands_unanswered == []
+    assert s.commands_refused[0] == "10 s operator → racky set_lifecycle (not_authorized)"
+    text = summary_markdown(s)
+    assert "operator commands during the run (21): 0 accepted; 21 refused: " in text
+    assert "include no command's effect" in text
+    assert "include the effects of" not in text
+
+
+def test_accepted_refused_and_unanswered_commands_are_named_apart() -> None:
+    rec = Recorder()
+    _feed(rec, 0.0, "sim/telemetry/plant", {"t_s": 0.0, "supply_temp_c": 45.0})
+    _command(rec, 20.0, "operator", "shelve_alarm", "a1", ACCEPTED)
+    _command(rec, 30.0, "operator", "set_lifecycle", "a2", REFUSED)
+    _command(rec, 40.0, "operator", "set_setpoint", "a3", ACCEPTED, daemon="valvey")
+    _command(rec, 50.0, "operator", "shelve_alarm", "a4", None)
+    # another user's reply with the same request id is not this command's
+    _feed(rec, 50.2, "racky/cmd/other/shelve_alarm/result", {"request_id": "a4", **ACCEPTED})
+    s = _summary(rec)
+    assert s.commands_accepted == ["20 s operator → racky shelve_alarm",
+                                   "40 s operator → valvey set_setpoint"]
+    assert s.commands_refused == ["30 s operator → racky set_lifecycle (not_authorized)"]
+    assert s.commands_unanswered == ["50 s operator → racky shelve_alarm"]
+    text = summary_markdown(s)
+    assert ("operator commands during the run (4): 2 accepted: 20 s operator → racky "
+            "shelve_alarm, 40 s operator → valvey set_setpoint; 1 refused: 30 s operator → "
+            "racky set_lifecycle (not_authorized); 1 with no reply seen: 50 s operator → racky "
+            "shelve_alarm; the figures above include the effects of the 2 accepted only") in text
