@@ -33,6 +33,7 @@ from harness.demo.procs import (
 from harness.demo.record import Recorder, alarm_note, control_mode_from_states
 from harness.demo.summary import (
     DemoSummary,
+    command_lists,
     count_spooled,
     ff_source_share,
     racky_summary,
@@ -215,7 +216,7 @@ def finish_rack(rack: DemoRack, console: Console, broker_problem: str | None,
         broker_problem=broker_problem,
         ff_source_share=ff_source_share(rec.loop),
         racky=rsum,
-        commands=[f"{t:.0f} s {user} → {daemon} {verb}" for t, daemon, user, verb in rec.commands],
+        **command_lists(rec),
         checklist=[c.as_dict() for c in checklist(sc, rec, steps, end_t)],
         rack=rack.name,
     )

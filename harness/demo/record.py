@@ -35,8 +35,16 @@ class Recorder:
     racky_status: str = "?"
     rack: dict[str, Any] = field(default_factory=dict)
     rack_power: list[dict[str, Any]] = field(default_factory=list)
+    limit_log: list[tuple[float, float | None, str | None]] = field(default_factory=list)
+    """racky's power limit as it changed: (plant s, ``limit_w`` [W] or None, its
+    ``limit_source``), from each ``state/rack``; the first entry is the first one seen."""
     commands: list[tuple[float, str, str, str]] = field(default_factory=list)
     """Commands sent to the daemons during the run: (plant s, daemon, user, verb)."""
+    command_ids: list[str | None] = field(default_factory=list)
+    """Each command's ``request_id`` (None: the payload had none), in ``commands``' order."""
+    replies: dict[tuple[str, str, str], tuple[bool, str | None]] = field(default_factory=dict)
+    """The daemons' replies (``cmd/<user>/<verb>/result[/...]``): (daemon, user, request_id)
+    -> (ok, the error code when refused)."""
     pumps: list[dict[str, Any]] = field(default_factory=list)
     """valvey's ``state/pumps`` samples (with ``t_s``): the duty pump and each unit's
     running bit."""
@@ -77,6 +85,7 @@ class Recorder:
             t = self.plant_t(msg.received_mono)
             if t is not None:
                 self._lifecycle(t, payload.get("lifecycle"))
+                self._limit(t, payload.get("limit_w"), payload.get("limit_source"))
         elif topic.endswith("/racky/state/rack_power") and isinstance(payload, dict):
             t = self.plant_t(msg.received_mono)
             if t is not None:
@@ -87,12 +96,21 @@ class Recorder:
                 self.valvey_status = status
             elif topic.endswith("/racky/status"):
                 self.racky_status = status
-        elif "/cmd/" in topic:  # <daemon>/cmd/<user>/<verb>: what an operator asked
+        elif "/cmd/" in topic:  # <daemon>/cmd/<user>/<verb>[/result/...]: asked, answered
             head, _, tail = topic.partition("/cmd/")
-            user, _, verb = tail.partition("/")
-            if verb and "/" not in verb:
+            daemon = head.rsplit("/", 1)[-1]
+            parts = tail.split("/")
+            rid = payload.get("request_id") if isinstance(payload, dict) else None
+            if len(parts) == 2 and all(parts):
                 t = self.plant_t(msg.received_mono) or 0.0
-                self.commands.append((t, head.rsplit("/", 1)[-1], user, verb))
+                self.commands.append((t, daemon, parts[0], parts[1]))
+                self.command_ids.append(None if rid is None else str(rid))
+            elif len(parts) >= 3 and parts[2] == "result" and isinstance(payload, dict) \
+                    and rid is not None:
+                err = payload.get("error")
+                code = err.get("code") if isinstance(err, dict) else None
+                self.replies[(daemon, parts[0], str(rid))] = (
+                    payload.get("ok") is True, None if code is None else str(code))
         elif "/alarm/" in topic:
             daemon = topic.split("/alarm/", 1)[0].rsplit("/", 1)[-1]
             key = f"{daemon}:{topic.rsplit('/', 1)[-1]}"
@@ -121,6 +139,35 @@ class Recorder:
         if prev is not None and duty != prev:
             self.events.append((t, f"valvey: duty pump {prev} -> {duty} (running: "
                                    f"{running.get(str(duty))})"))
+
+    def command_outcomes(self) -> list[tuple[str, str | None]]:
+        """Per command (``commands``' order): ``accepted``, ``refused`` (with the reply's
+        error code) or ``unanswered`` (no reply seen: whether it acted is unknown)."""
+        out: list[tuple[str, str | None]] = []
+        for (_, daemon, user, _), rid in zip(self.commands, self.command_ids, strict=True):
+            reply = None if rid is None else self.replies.get((daemon, user, rid))
+            if reply is None:
+                out.append(("unanswered", None))
+            else:
+                out.append(("accepted", None) if reply[0] else ("refused", reply[1]))
+        return out
+
+    def _limit(self, t: float, limit_w: Any, source: Any) -> None:
+        w = float(limit_w) if isinstance(limit_w, (int, float)) else None
+        src = None if source is None else str(source)
+        last = self.limit_log[-1] if self.limit_log else None
+        if last is None or last[1:] != (w, src):
+            self.limit_log.append((t, w, src))
+
+    def limit_at(self, t: float) -> float | None:
+        """racky's power limit [W] in force at plant ``t`` [s]: the last one published at or
+        before ``t`` (None: none yet, or racky published no limit)."""
+        w: float | None = None
+        for t_s, lim, _ in self.limit_log:
+            if t_s > t:
+                break
+            w = lim
+        return w
 
     def _lifecycle(self, t: float, lc: Any) -> None:
         if not isinstance(lc, dict):

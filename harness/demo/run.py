@@ -224,6 +224,8 @@ async def run_demo(
             f"{base}/racky/alarm/+",
             f"{base}/valvey/cmd/+/+",  # operators' commands: named in the summary
             f"{base}/racky/cmd/+/+",
+            f"{base}/valvey/cmd/+/+/result/#",  # their replies: accepted or refused
+            f"{base}/racky/cmd/+/+/result/#",
         ):
             link.subscribe(topic, rack.rec.on_message, qos=0)
     recs = [(r.name, r.rec) for r in row]

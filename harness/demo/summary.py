@@ -22,6 +22,7 @@ __all__ = [
     "BAND_K",
     "DemoSummary",
     "RackySummary",
+    "command_lists",
     "count_spooled",
     "print_summary",
     "racky_summary",
@@ -50,7 +51,8 @@ class RackySummary:
     limit_w: float | None
     limit_source: str | None
     over_limit_s: float
-    """Plant seconds of rack_power samples above ``limit_w`` (1 Hz samples)."""
+    """Plant seconds of rack_power samples above the limit in force at each (racky's
+    ``limit_w`` then, `Recorder.limit_at`; 1 Hz samples)."""
     exit_code: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -78,8 +80,13 @@ class DemoSummary:
     """Share (0..1) of valvey's supply_loop states per feedforward source."""
     racky: RackySummary | None = None
     commands: list[str] = field(default_factory=list)
-    """Commands operators sent during the run (``<plant s> <user> → <daemon> <verb>``): the
-    step figures then include their effects, and the summary says so."""
+    """Commands operators sent during the run (``<plant s> <user> → <daemon> <verb>``)."""
+    commands_accepted: list[str] = field(default_factory=list)
+    """Those the daemon accepted (its reply ok): the step figures include their effects."""
+    commands_refused: list[str] = field(default_factory=list)
+    """Those refused (``... (<error code>)``): no effect on the figures."""
+    commands_unanswered: list[str] = field(default_factory=list)
+    """Those with no reply seen: whether they acted is unknown."""
     checklist: list[dict[str, Any]] = field(default_factory=list)
     """`harness.demo.checklist.CheckItem` s as dicts (label, ok, detail): what the run showed."""
     rack: str = DEMO_RACK
@@ -118,7 +125,11 @@ def racky_summary(rec: Recorder) -> RackySummary | None:
     powers = [r["rack_power_w"] for r in rec.rack_power
               if isinstance(r.get("rack_power_w"), (int, float))]
     limit = rec.rack.get("limit_w")
-    over = sum(1 for p in powers if isinstance(limit, (int, float)) and p > limit)
+    over = 0  # each sample against the limit in force when it was taken, not the last one
+    for r in rec.rack_power:
+        p, lim_then = r.get("rack_power_w"), rec.limit_at(float(r["t_s"]))
+        if isinstance(p, (int, float)) and lim_then is not None and p > lim_then:
+            over += 1
     last = rec.rack_power[-1] if rec.rack_power else {}
     return RackySummary(
         lifecycle=lc.get("state"), lifecycle_reason=lc.get("reason"),
@@ -248,18 +259,50 @@ def _racky_text(r: RackySummary | None) -> str:
             f"{f' ({r.lifecycle_reason})' if r.lifecycle_reason else ''}; rack power from the "
             f"power shelves ({r.shelves_reporting} reporting, {r.rack_power_samples} samples) "
             f"peaked at {_kw(r.rack_power_max_w)} against a budget of {_kw(r.budget_w)}{lim}, "
-            f"{r.over_limit_s:g} s above it; racky's exit code after SIGTERM: {r.exit_code}.")
+            f"{r.over_limit_s:g} s above the limit in force at the time; racky's exit code "
+            f"after SIGTERM: {r.exit_code}.")
 
 
 def _ff_text(share: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.0%}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]))
 
 
-def _commands_text(commands: list[str]) -> str:
-    shown = ", ".join(commands[:12]) + (f" and {len(commands) - 12} more"
-                                        if len(commands) > 12 else "")
-    return (f"operator commands during the run ({len(commands)}): {shown}; the figures above "
-            "include their effects (they are not the load steps' alone)")
+def command_lists(rec: Recorder) -> dict[str, list[str]]:
+    """`DemoSummary`'s command fields from the run: all, accepted, refused (with the reply's
+    error code) and unanswered, each ``<plant s> <user> → <daemon> <verb>``."""
+    out: dict[str, list[str]] = {"commands": [], "commands_accepted": [],
+                                 "commands_refused": [], "commands_unanswered": []}
+    for (t, daemon, user, verb), (outcome, code) in zip(rec.commands, rec.command_outcomes(),
+                                                        strict=True):
+        line = f"{t:.0f} s {user} → {daemon} {verb}"
+        out["commands"].append(line)
+        out[f"commands_{outcome}"].append(f"{line} ({code})" if outcome == "refused" and code
+                                          else line)
+    return out
+
+
+def _named(lines: list[str], most: int = 12) -> str:
+    return ", ".join(lines[:most]) + (f" and {len(lines) - most} more"
+                                      if len(lines) > most else "")
+
+
+def _commands_text(s: DemoSummary) -> str:
+    """Operators' commands, accepted and refused apart; the figures include the effects of
+    the accepted ones only."""
+    acc, ref, una = s.commands_accepted, s.commands_refused, s.commands_unanswered
+    parts = [f"{len(acc)} accepted" + (f": {_named(acc)}" if acc else ""),
+             f"{len(ref)} refused" + (f": {_named(ref)}" if ref else "")]
+    if una:
+        parts.append(f"{len(una)} with no reply seen: {_named(una)}")
+    if acc:
+        effect = (f"the figures above include the effects of the {len(acc)} accepted only (they "
+                  "are not the load steps' alone)")
+    elif una:
+        effect = "none was accepted; whether the unanswered ones acted is unknown"
+    else:
+        effect = "none was accepted: the figures above include no command's effect"
+    return (f"operator commands during the run ({len(s.commands)}): {'; '.join(parts)}; "
+            f"{effect}")
 
 
 def _check_line(c: dict[str, Any]) -> str:
@@ -294,7 +337,7 @@ def summary_markdown(s: DemoSummary) -> str:
         lines += ["", "What the run showed (each item checked from its data):", ""]
         lines += [f"- {_check_line(c)}" for c in s.checklist]
     if s.commands:
-        lines += ["", _commands_text(s.commands)]
+        lines += ["", _commands_text(s)]
     lines += [
         "",
         f"Feedforward source over valvey's states: {_ff_text(s.ff_source_share) or '—'}. "
@@ -347,7 +390,7 @@ def print_summary(s: DemoSummary, console: Console) -> None:
             console.print(f"  {_check_line(c)}", style=None if c["ok"] else "yellow",
                           markup=False, highlight=False)
     if s.commands:
-        say(_commands_text(s.commands))
+        say(_commands_text(s))
 
     say(f"points spooled: {s.points_spooled} lines of line protocol in {s.spool_dir} "
         "(the embedded store; `rackctl replay` sends them to an InfluxDB)")

@@ -147,11 +147,17 @@ def test_the_readme_examples_work_against_the_running_demo(tmp_path: Path) -> No
     assert summary["ff_source_share"].get("rack_power", 0) > 0.5, summary["ff_source_share"]
     assert summary["valvey_exit_code"] == 0
     assert "racky: lifecycle production" in (run_dir / "summary.md").read_text()
-    # the commands sent are named in the summary, whose figures then include their effects
+    # the commands sent are named in the summary (the figures include the accepted ones' effects)
     cmds = summary["commands"]
     assert any("→ valvey set_setpoint" in c for c in cmds), cmds
     assert any("→ racky set_budget" in c for c in cmds), cmds
     assert not any(c.endswith("/result") for c in cmds), cmds
+    # ... and their replies: the README's examples are accepted, each named once
+    acc = summary["commands_accepted"]
+    assert any("→ valvey set_setpoint" in c for c in acc), summary
+    assert any("→ racky set_budget" in c for c in acc), summary
+    assert len(acc) + len(summary["commands_refused"]) + len(
+        summary["commands_unanswered"]) == len(cmds)
     assert "operator commands during the run" in (run_dir / "summary.md").read_text()
     assert "operator commands during the run" in console
 

@@ -117,3 +117,30 @@ def test_the_prediction_waits_for_the_learned_time_constant() -> None:
     learned, w1 = _watch_run(True)
     assert w1.plate.learned.all() and w1.plate.tau_s[0] == pytest.approx(5.0, rel=0.15)
     assert learned is not None and 3.5 <= learned <= 5.5
+
+
+def _drift_window(lt: PlateTau, seed: int) -> None:
+    """A power step, then 30 s in which the junction does not follow a plate's decay: it
+    drifts 0.1 K/s (the coolant warming under it) with 0.2 K of wander (the load moving within
+    the flat band), read at 1 Hz; then the next step ends the window."""
+    rng = np.random.default_rng(seed)
+    one = np.ones(1, dtype=bool)
+    lt.update(0.0, np.array([60.0]), one, one)  # the step
+    for k in range(1, 30):
+        tj = 60.0 + 0.1 * k + rng.normal(0.0, 0.2)
+        lt.update(float(k), np.array([tj]), ~one, one)
+    lt.update(30.0, np.array([63.0]), one, one)  # the next step closes the window
+
+
+def test_a_window_the_first_order_line_does_not_explain_is_not_learned() -> None:
+    """A drift with wander gives a flat, poorly fitting line (R² well below min_r2) whose
+    slope is noise: b < 0 and τ = −1/b within [min_s, max_s] on these seeds (tens of s on a
+    plate of a few), which the plain plausibility window learned. A τ many times too long
+    made the steady-state prediction read a healthy load burst as an overheat."""
+    for seed in (2, 8, 11):  # seeds whose noise slope is negative, τ in the window
+        plain = PlateTau(1, 10.0, min_r2=0.0)  # no R² gate: the window is learned, long
+        _drift_window(plain, seed)
+        assert plain.learned.all() and plain.tau_s[0] > 10.0
+        lt = PlateTau(1, 10.0)
+        _drift_window(lt, seed)
+        assert not lt.learned.any() and lt.rejected == 1 and lt.tau_s[0] == 10.0
