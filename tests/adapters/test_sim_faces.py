@@ -26,6 +26,7 @@ from rackplane.commands import CommandReply
 from rackplane.config import validate_data
 from rackplane.core.registers import load_register_map
 from rackplane.core.samples import Quality, Sample
+from rackplane.core.tray_reply import SetPowerLimitsReply
 from rackplane.io.modbus import ModbusDevice
 from rackplane.settings import Identity, ModbusTargetSettings, MqttSettings
 from sims.runtime import VirtualRackSimulator
@@ -216,18 +217,23 @@ async def test_mqtt_publishers_and_node_agent_commands(mosquitto: Mosquitto) -> 
                 lambda m: m.topic.endswith("/cmd/racky/set_power_limits/result"), 10.0, n0)
             reply = CommandReply.model_validate(json.loads(res.payload))
             assert reply.ok and reply.request_id == "c1" and reply.state is not None
-            item = reply.state["trays"][0]
-            assert item["tray"] == 4 and item["enforced_gpu_cap_w"] == 500.0
-            assert item["ramp_up_w_per_s"] == 100.0 and item["power_floor_pct"] == 0.0
+            # contract 1.3's reply: the caps set and each GPU's limit read back
+            state = SetPowerLimitsReply.model_validate(reply.state)
+            assert (state.epoch, state.confirmed) == (5, True)
+            (item,) = state.trays
+            assert item.tray == 4 and item.gpu_power_cap_w == 500.0
+            assert [g.enforced_w for g in item.gpus] == [500.0] * len(item.gpus)
             n1 = len(sub.messages)
             msg = await sub.wait_for(lambda m: m.topic == f"{base}/telemetry/tray04", 10.0, n1)
             t4 = json.loads(msg.payload)
             assert t4["agent"]["enforced_gpu_cap_w"] == 500.0 and t4["agent"]["epoch"] == 5
             assert 0.0 < t4["agent"]["cap_expires_in_s"] <= 60.0
             assert all(g["power_w"] <= 500.0 + 1e-6 for g in t4["gpus"])
-            await sub.wait_for(lambda m: m.topic == f"{base}/state/node_agents"
-                               and json.loads(m.payload)["trays"][4]["gpu_power_cap_w"] == 500.0,
-                               10.0, n0)
+            na = await sub.wait_for(lambda m: m.topic == f"{base}/state/node_agents"
+                                    and json.loads(m.payload)["trays"][4]["gpu_power_cap_w"]
+                                    == 500.0, 10.0, n0)
+            t4s = json.loads(na.payload)["trays"][4]
+            assert t4s["ramp_up_w_per_s"] == 100.0 and t4s["power_floor_pct"] == 0.0
 
             # refusals change nothing: below the minimum power limit; a tray that is not there;
             # an older epoch; null for "no cap"

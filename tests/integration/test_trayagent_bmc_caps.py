@@ -21,11 +21,13 @@ import itertools
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from harness.daemons import daemon_proc
 from harness.servers import Mosquitto
+from rackplane.core.tray_reply import SetPowerLimitsReply
 from tests.adapters.mqtt_cli import MqttSub
 from tests.integration.test_trayagent_nvml import (
     BASE,
@@ -44,6 +46,14 @@ pytestmark = [pytest.mark.servers]
 CTL = "/redfish/v1/Chassis/1U/Controls/PowerLimit"
 TICK_S = 0.5
 
+
+
+def _tray_state(reply: dict[str, Any], tray: int) -> dict[str, Any]:
+    """Tray ``tray``'s entry of an ok set_power_limits reply (contract 1.3: a list of trays,
+    each once, validated as the contract's model)."""
+    SetPowerLimitsReply.model_validate(reply["state"])
+    (item,) = [t for t in reply["state"]["trays"] if t["tray"] == tray]
+    return dict(item)
 
 async def test_caps_at_the_bmc_and_a_5_s_bmc_never_stalls_publishing(
         tmp_path: Path, mosquitto: Mosquitto) -> None:
@@ -76,7 +86,7 @@ async def test_caps_at_the_bmc_and_a_5_s_bmc_never_stalls_publishing(
                                                      "ttl_s": 60.0})
             took = time.perf_counter() - t0
             assert r["ok"], r
-            ctl = r["state"]["trays"]["3"]["bmc_control"]
+            ctl = _tray_state(r, 3)["bmc_control"]
             assert r["state"]["confirmed"] is True
             assert (ctl["target_w"], ctl["enforced_w"], ctl["clamped"]) == (600.0, 600.0, None)
             assert bmc.resources[CTL]["SetPoint"] == 600.0
@@ -87,7 +97,7 @@ async def test_caps_at_the_bmc_and_a_5_s_bmc_never_stalls_publishing(
 
             r = await _command(mosquitto.port, sub, {"epoch": 1, "power_cap_w": 100.0,
                                                      "ttl_s": 60.0})
-            ctl = r["state"]["trays"]["3"]["bmc_control"]
+            ctl = _tray_state(r, 3)["bmc_control"]
             assert r["ok"] and (ctl["target_w"], ctl["enforced_w"]) == (150.0, 150.0)
             assert "below the control's minimum" in ctl["clamped"]
             t = await _tray_where(sub, lambda t: t["agent"]["cap_clamped"] is True,
