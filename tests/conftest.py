@@ -64,3 +64,17 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
     for t in leaked:
         t.cancel()
     pytest.fail(f"the test leaked {len(leaked)} running task(s): {names}")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """For each test that failed and was rerun, the first attempt's error (its last 1,500
+    characters): "RERUN" alone names the flake, this says what went wrong, so the next run's
+    reader can chase it without reproducing it."""
+    reruns = terminalreporter.stats.get("rerun", [])
+    if not reruns:
+        return
+    terminalreporter.section("first attempts of the rerun tests")
+    for rep in reruns:
+        text = getattr(rep, "longreprtext", "") or str(getattr(rep, "longrepr", ""))
+        terminalreporter.write_line(f"--- {rep.nodeid}")
+        terminalreporter.write_line(text[-1500:])
