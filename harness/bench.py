@@ -50,7 +50,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,7 @@ from harness.benchsections import SECTIONS
 from harness.callgrind import callgrind_figures
 from harness.figures import Figure, Progress, no_progress, write_results
 from harness.machine import machine_line
+from harness.progress import progress_reporter
 
 __all__ = ["main", "run_suite"]
 
@@ -317,23 +318,6 @@ def _row_plot(plt: Any, out: Path, row: dict[int, dict[str, Any]]) -> Path:
     return p
 
 
-def _rich_progress() -> tuple[Progress, Callable[[], None]]:
-    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as RichProgress
-
-    bar = RichProgress(TextColumn("{task.description:<20}"), BarColumn(),
-                       TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn())
-    bar.start()
-    tasks: dict[str, Any] = {}
-
-    def progress(label: str, fraction: float) -> None:
-        if label not in tasks:
-            tasks[label] = bar.add_task(label, total=1.0)
-        bar.update(tasks[label], completed=max(0.0, min(1.0, fraction)))
-
-    return progress, bar.stop
-
-
 def main(out: Path, quick: bool, only: Sequence[str] | None = None,
          chaos_failovers: int = 20) -> int:
     """Run the benchmark suite into ``out`` (results.json, results.md, PNGs); ``only``: the
@@ -343,7 +327,7 @@ def main(out: Path, quick: bool, only: Sequence[str] | None = None,
     way). ``quick``: a 1-2 minute smoke with short runs and single repeats.
     """
     out.mkdir(parents=True, exist_ok=True)
-    progress, close = _rich_progress()
+    progress, close = progress_reporter(by_first_word=False, label_width=20)
     t0 = time.monotonic()
     try:
         figures = run_suite(out, quick, progress, only, chaos_failovers)

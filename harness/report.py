@@ -33,10 +33,10 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-from harness.figures import Figure, Progress, write_results
+from harness.figures import Figure, write_results
 from harness.machine import cpu_seconds, machine_info, machine_line
+from harness.progress import progress_reporter
 
 __all__ = ["PLOT_MODULES", "SOURCES", "SOURCE_SCENARIOS", "Source", "collect", "main",
            "plot_dependency_problem"]
@@ -183,25 +183,6 @@ def collect(
     return figures
 
 
-def _rich_progress() -> tuple[Progress, Callable[[], None]]:
-    """A `Progress` drawing one rich bar per label, and its closer."""
-    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as RichProgress
-
-    bar = RichProgress(TextColumn("{task.description}"), BarColumn(),
-                       TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn())
-    bar.start()
-    tasks: dict[str, Any] = {}
-
-    def progress(label: str, fraction: float) -> None:
-        key = label.split(":")[0].split()[0] if label.strip() else label
-        if key not in tasks:
-            tasks[key] = bar.add_task(label, total=1.0)
-        bar.update(tasks[key], completed=max(0.0, min(1.0, fraction)), description=label)
-
-    return progress, bar.stop
-
-
 def main(out: Path, quick: bool, only: list[str] | None) -> int:
     """Run the scenario report into ``out``; 0 when every figure passes, 1 otherwise.
 
@@ -217,7 +198,7 @@ def main(out: Path, quick: bool, only: list[str] | None) -> int:
               "same.", flush=True)
         figures.append(Figure(name="report.plots", value=None, unit="", comparison="info",
                               detail=f"no plots drawn: {problem}"))
-    progress, close = _rich_progress()
+    progress, close = progress_reporter()
     t0 = time.monotonic()
     cpu0 = cpu_seconds()
     machine = machine_info()
