@@ -2,16 +2,21 @@
 """Publish a finished benchmark or scenario-report run into the docs and the README.
 
     scripts/publish_figures.py --bench bench-results --scenarios scenario-results
+    scripts/publish_figures.py --row row-results --chaos chaos-results
 
-For each directory given (the ``--out`` of ``rackctl bench`` / ``rackctl scenarios``) it
+For each directory given (the ``--out`` of ``rackctl bench`` / ``rackctl scenarios``; for
+``--row`` / ``--chaos`` the ``--out`` of ``rackctl bench --only row`` / ``--only chaos``) it
 
 * copies ``results.md``, ``results.json``, ``machine.json`` (when present) and every PNG into
-  ``docs/bench-report/`` or ``docs/scenario-report/`` (the old files there are removed first,
-  so a plot the run no longer makes does not linger);
+  ``docs/bench-report/``, ``docs/scenario-report/``, ``docs/row-report/`` or
+  ``docs/chaos-report/`` (the old files there are removed first, so a plot the run no longer
+  makes does not linger);
 * rewrites the README's block between ``<!-- figures:bench:start -->`` and
-  ``<!-- figures:bench:end -->`` (or ``figures:scenarios``) with the run's own preamble line
-  (machine, mode, wall time), the date of the run's ``results.json`` and the headline rows,
-  rendered from ``results.json`` by `harness.figures.markdown_table`.
+  ``<!-- figures:bench:end -->`` (or ``figures:scenarios``, ``figures:row``,
+  ``figures:chaos``) with the run's own preamble line (machine, mode, wall time), the date of
+  the run's ``results.json``, the commit given with ``--commit`` (the tree the run ran) and the
+  headline rows (the scenario report's `SCENARIO_HEADLINES`; for the others every figure with
+  a target), rendered from ``results.json`` by `harness.figures.markdown_table`.
 
 Nothing is typed in: every row comes from the run's ``results.json``. Exit code 2 when a
 directory, its results or a README marker is missing or
@@ -123,15 +128,24 @@ def copy_run(run: Path, dest: Path) -> None:
             shutil.copy2(f, dest / f.name)
 
 
-def block(kind: str, run: Path, figures: list[Figure], report: str) -> str:
-    """The README block for ``kind`` (bench|scenarios)."""
+KINDS = {"bench": ("Benchmarks", "docs/bench-report"),
+         "scenarios": ("Scenario report", "docs/scenario-report"),
+         "row": ("A row per host (`rackctl bench --only row`)", "docs/row-report"),
+         "chaos": ("Chaos run of a valvey pair (`rackctl bench --only chaos`)",
+                   "docs/chaos-report")}
+"""Each kind: its README heading and its docs folder."""
+
+
+def block(kind: str, run: Path, figures: list[Figure], report: str, commit: str = "") -> str:
+    """The README block for ``kind`` (a `KINDS` key); ``commit``: the tree the run ran."""
     when = dt.datetime.fromtimestamp((run / "results.json").stat().st_mtime,
                                      tz=dt.UTC).strftime("%Y-%m-%d")
+    when += f" on commit {commit}" if commit else ""
     failed = [f for f in figures if f.passed is False]
-    if kind == "bench":
+    if kind != "scenarios":
         rows = [f for f in figures if f.comparison != "info" and f.target is not None]
-        head = (f"Benchmarks, every figure with a target ({len(rows)} of {len(figures)}; "
-                f"all in `{report}`), run {when}:")
+        head = (f"{KINDS[kind][0]}, every figure with a target ({len(rows)} of "
+                f"{len(figures)}; all in `{report}`), run {when}:")
     else:
         by = {f.name: f for f in figures}
         rows = [by[n] for n in SCENARIO_HEADLINES if n in by]
@@ -158,22 +172,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", type=Path, help="the --out directory of rackctl bench")
     ap.add_argument("--scenarios", type=Path, help="the --out directory of rackctl scenarios")
+    ap.add_argument("--row", type=Path, help="the --out directory of rackctl bench --only row")
+    ap.add_argument("--chaos", type=Path,
+                    help="the --out directory of rackctl bench --only chaos")
+    ap.add_argument("--commit", default="", help="the commit the runs ran (named in the README)")
     ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = ap.parse_args(argv)
-    if args.bench is None and args.scenarios is None:
-        ap.error("nothing to publish: give --bench DIR and/or --scenarios DIR")
+    if all(getattr(args, k) is None for k in KINDS):
+        ap.error("nothing to publish: give --bench, --scenarios, --row and/or --chaos DIR")
     readme = args.readme.read_text()
     todo = []
     # check every run and build the README first: nothing is copied or deleted unless all of
     # it is good
-    for kind, run, dest in (("bench", args.bench, ROOT / "docs/bench-report"),
-                            ("scenarios", args.scenarios, ROOT / "docs/scenario-report")):
+    for kind, (_head, folder) in KINDS.items():
+        run, dest = getattr(args, kind), ROOT / folder
         if run is None:
             continue
         try:
             figs = load_figures(run)
             readme = replace_block(readme, kind, block(
-                kind, run, figs, f"{dest.relative_to(ROOT)}/results.md"))
+                kind, run, figs, f"{dest.relative_to(ROOT)}/results.md", args.commit))
         except (OSError, ValueError, KeyError) as err:
             why = err.args[0] if isinstance(err, KeyError) else err
             print(f"error: {kind} {run}: {why}; nothing published", file=sys.stderr)
