@@ -170,7 +170,7 @@ class Board:
                    "out-of-window timestamps are restamped or dropped (tsdb.ts_out_of_window)")
         self.panel("Reconnects, rejected commands and invalid samples per minute",
                    [rate("daemon", ["mqtt_reconnects", "modbus_reconnects", "commands_rejected",
-                                    "tick_overruns", "modbus_invalid_samples",
+                                    "tick_overruns", "tick_woken", "modbus_invalid_samples",
                                     "input_invalid_samples"], where=d)],
                    min_interval="1m")
 

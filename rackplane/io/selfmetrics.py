@@ -96,6 +96,9 @@ class SelfMetricsSnapshot:
     tick_late_last_s: float = _gauge("lateness of the last control tick, s")
     tick_late_max_s: float = _gauge("largest control-tick lateness since start, s")
     tick_overruns: int = _counter("control ticks skipped because the loop fell behind")
+    tick_woken: int = _counter(
+        "control ticks run early because an input woke the ticker (e.g. racky's fleet link on "
+        "a budget decrease; rackplane.io.service.run_ticker)")
     pv_age_s: float | None = _gauge(
         "age of the oldest control input (process variable), s; absent before the first read"
     )
@@ -337,6 +340,7 @@ class SelfMetrics:
             tick_late_last_s=tick_stats.late_last_s,
             tick_late_max_s=tick_stats.late_max_s,
             tick_overruns=tick_stats.overruns,
+            tick_woken=tick_stats.woken,
             pv_age_s=pv_age_s,
             spool_depth_lines=w.depth_lines if w else 0,
             spool_depth_bytes=w.depth_bytes if w else 0,

@@ -44,6 +44,7 @@ def test_self_metrics_go_to_the_time_series_and_status(tmp_path: Path) -> None:
     ts.record(0.004)
     ts.record(0.120)
     ts.overruns = 3
+    ts.woken = 2
     pv = good("supply_temp_c", 45.0, "degC", clock.wall_ns(), clock.monotonic())
     for _ in range(25):  # 25 s of 1 Hz ticks: written at 0, 10 and 20 s
         now = clock.monotonic()
@@ -54,6 +55,7 @@ def test_self_metrics_go_to_the_time_series_and_status(tmp_path: Path) -> None:
     assert list(st) == list(snapshot_fields())
     assert st["tick_late_max_s"] == pytest.approx(0.120)
     assert st["tick_overruns"] == 3
+    assert st["tick_woken"] == 2
     assert st["pv_age_s"] == pytest.approx(24.0)
     w.flush_to_spool()
     w_stats = w.stats
@@ -63,6 +65,7 @@ def test_self_metrics_go_to_the_time_series_and_status(tmp_path: Path) -> None:
     ours = [ln for ln in got if ln.startswith(f"{MEASUREMENT},")]
     assert len(ours) == 3
     assert "daemon=valvey" in ours[0] and "tick_overruns=3" in ours[0]
+    assert "tick_woken=2" in ours[0]
     assert "pv_age_s=" in ours[0] and "spool_depth_lines=" in ours[0]
 
 
