@@ -45,6 +45,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rackctl import cli
+from rackctl.options import NO_OPTIONS, Connection, connection_options
 from rackplane.cli import typer_app
 from rackplane.errors import ConfigError, MqttError
 
@@ -192,9 +193,6 @@ def _call(settings: Any, verb: str, args: dict[str, Any],
         raise typer.Exit(130) from None
 
 
-def _settings(config: Path | None, rack: str | None, **flags: Any) -> Any:
-    return cli._client_settings(config, rack=rack or "rlc", **flags)
-
 
 def _refused(verb: str, reply: dict[str, Any]) -> None:
     err = reply.get("error") or {}
@@ -237,26 +235,14 @@ def render_status(st: dict[str, Any]) -> Group:
 
 
 @campaign_app.command("start", short_help="Check a plan as rlc does, then start it.")
+@connection_options(rack=RlcRackOpt)
 def start(
     plan_file: Annotated[Path, typer.Argument(help="the plan (TOML or JSON)")],
     campaign_id: Annotated[str, typer.Option("--id", help="the campaign's name")],
     rlc_config: Annotated[Path | None, RlcConfigOpt] = None,
     request_id: Annotated[str | None, typer.Option(help="reuse an id to retry safely")] = None,
     json_out: cli.JsonOpt = False,
-    config: cli.ConfigOpt = None,
-    host: cli.HostOpt = None,
-    port: cli.PortOpt = None,
-    protocol: cli.ProtocolOpt = None,
-    username: cli.UsernameOpt = None,
-    ca_file: cli.CaOpt = None,
-    cert_file: cli.CertOpt = None,
-    key_file: cli.KeyOpt = None,
-    site: cli.SiteOpt = None,
-    rack: Annotated[str | None, RlcRackOpt] = None,
-    topic_root: cli.RootOpt = None,
-    user: cli.UserOpt = None,
-    timeout: cli.TimeoutOpt = None,
-    connect_timeout: cli.ConnectTimeoutOpt = None,
+    conn: Connection = NO_OPTIONS,
 ) -> None:
     """Validate PLAN as rlc does (exit 2 with the reason if it would refuse it), then send
     campaign_start. Exit 0 started, 1 refused by rlc, 2 bad plan or settings, 3 no
@@ -271,10 +257,7 @@ def start(
                          None if rcfg is None else rcfg.campaign.max_record_bytes)
     except PlanRefused as err:
         cli._fail(f"plan refused: {err}", cli.EXIT_USAGE)
-    settings = _settings(config, rack, host=host, port=port, protocol=protocol,
-                         username=username, ca_file=ca_file, cert_file=cert_file,
-                         key_file=key_file, site=site, topic_root=topic_root, user=user,
-                         timeout_s=timeout, connect_timeout_s=connect_timeout)
+    settings = conn.settings(rack_default="rlc")
     reply = _call(settings, "campaign_start", {"campaign_id": campaign_id, "plan": plan},
                   request_id)
     if json_out:
@@ -290,30 +273,15 @@ def start(
 
 
 @campaign_app.command("status", short_help="Per rack: stage, run, verdict, quarantine.")
+@connection_options(rack=RlcRackOpt)
 def status(
     json_out: cli.JsonOpt = False,
-    config: cli.ConfigOpt = None,
-    host: cli.HostOpt = None,
-    port: cli.PortOpt = None,
-    protocol: cli.ProtocolOpt = None,
-    username: cli.UsernameOpt = None,
-    ca_file: cli.CaOpt = None,
-    cert_file: cli.CertOpt = None,
-    key_file: cli.KeyOpt = None,
-    site: cli.SiteOpt = None,
-    rack: Annotated[str | None, RlcRackOpt] = None,
-    topic_root: cli.RootOpt = None,
-    user: cli.UserOpt = None,
-    timeout: cli.TimeoutOpt = None,
-    connect_timeout: cli.ConnectTimeoutOpt = None,
+    conn: Connection = NO_OPTIONS,
 ) -> None:
     """Per rack: status, stage, run, verdict, quarantine reason (campaign_status). Exit 0
     a campaign under way or finished, 1 none, aborted or refused, 2/3 as for rackctl cmd."""
     cli.configure_logging("error", "console")
-    settings = _settings(config, rack, host=host, port=port, protocol=protocol,
-                         username=username, ca_file=ca_file, cert_file=cert_file,
-                         key_file=key_file, site=site, topic_root=topic_root, user=user,
-                         timeout_s=timeout, connect_timeout_s=connect_timeout)
+    settings = conn.settings(rack_default="rlc")
     reply = _call(settings, "campaign_status", {}, None)
     if reply.get("ok") is not True:
         if json_out:
@@ -330,34 +298,19 @@ def status(
 
 
 @campaign_app.command("abort", short_help="Abort the campaign under way.")
+@connection_options(rack=RlcRackOpt)
 def abort(
     reason: Annotated[str, typer.Option("--reason", help="why (logged, audited, recorded)")],
     request_id: Annotated[str | None, typer.Option(help="reuse an id to retry safely")] = None,
     json_out: cli.JsonOpt = False,
-    config: cli.ConfigOpt = None,
-    host: cli.HostOpt = None,
-    port: cli.PortOpt = None,
-    protocol: cli.ProtocolOpt = None,
-    username: cli.UsernameOpt = None,
-    ca_file: cli.CaOpt = None,
-    cert_file: cli.CertOpt = None,
-    key_file: cli.KeyOpt = None,
-    site: cli.SiteOpt = None,
-    rack: Annotated[str | None, RlcRackOpt] = None,
-    topic_root: cli.RootOpt = None,
-    user: cli.UserOpt = None,
-    timeout: cli.TimeoutOpt = None,
-    connect_timeout: cli.ConnectTimeoutOpt = None,
+    conn: Connection = NO_OPTIONS,
 ) -> None:
     """Abort the campaign (campaign_abort): running validations aborted, nothing starts.
     Exit 0 accepted, 1 refused (no_campaign...), 2/3 as for rackctl cmd."""
     cli.configure_logging("error", "console")
     if len(reason) > 200:
         cli._fail("--reason: at most 200 characters", cli.EXIT_USAGE)
-    settings = _settings(config, rack, host=host, port=port, protocol=protocol,
-                         username=username, ca_file=ca_file, cert_file=cert_file,
-                         key_file=key_file, site=site, topic_root=topic_root, user=user,
-                         timeout_s=timeout, connect_timeout_s=connect_timeout)
+    settings = conn.settings(rack_default="rlc")
     reply = _call(settings, "campaign_abort", {"reason": reason}, request_id)
     if json_out:
         sys.stdout.write(json.dumps(reply, ensure_ascii=False) + "\n")
@@ -540,6 +493,7 @@ def _from_kv(rcfg: Any, servers: list[str] | None, timeout: float
 
 
 @campaign_app.command("report", short_help="Write the campaign report (Markdown, PNG).")
+@connection_options(rack=RlcRackOpt)
 def report(
     out: Annotated[Path, typer.Option("--out", help="folder for the Markdown page and PNG")],
     rlc_config: Annotated[Path | None, RlcConfigOpt] = None,
@@ -548,20 +502,7 @@ def report(
         "servers)")] = None,
     nats_timeout: Annotated[float, typer.Option(
         min=0.1, max=30.0, help="with --rlc-config: seconds per NATS request")] = 2.0,
-    config: cli.ConfigOpt = None,
-    host: cli.HostOpt = None,
-    port: cli.PortOpt = None,
-    protocol: cli.ProtocolOpt = None,
-    username: cli.UsernameOpt = None,
-    ca_file: cli.CaOpt = None,
-    cert_file: cli.CertOpt = None,
-    key_file: cli.KeyOpt = None,
-    site: cli.SiteOpt = None,
-    rack: Annotated[str | None, RlcRackOpt] = None,
-    topic_root: cli.RootOpt = None,
-    user: cli.UserOpt = None,
-    timeout: cli.TimeoutOpt = None,
-    connect_timeout: cli.ConnectTimeoutOpt = None,
+    conn: Connection = NO_OPTIONS,
 ) -> None:
     """Write the campaign's Markdown (+ PNG with --rlc-config) to --out.
     Exit 0 written, 1 no campaign (or rlc refused), 2 settings, 3 no broker / NATS.
@@ -580,10 +521,7 @@ def report(
                   f"`{rcfg.fleet.bucket}`, read {read_at}")
         paths = write_report(out, summary, plan, results, source)
     else:
-        settings = _settings(config, rack, host=host, port=port, protocol=protocol,
-                             username=username, ca_file=ca_file, cert_file=cert_file,
-                             key_file=key_file, site=site, topic_root=topic_root, user=user,
-                             timeout_s=timeout, connect_timeout_s=connect_timeout)
+        settings = conn.settings(rack_default="rlc")
         reply = _call(settings, "campaign_status", {}, None)
         if reply.get("ok") is not True:
             _refused("campaign_status", reply)

@@ -22,6 +22,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
+from rackctl.options import NO_OPTIONS, Connection, connection_options
 from rackctl.stdout import run_closing_quietly, stdout_closed, write_lines
 from rackctl.watch_view import WatchView as _WatchView
 from rackctl.watch_view import flatten
@@ -359,27 +360,6 @@ def scenarios(
 
 # --- commands to the daemons, and watching them (rackctl/client.py) --------------------------
 
-ConfigOpt = Annotated[Path | None, typer.Option(
-    "--config", help="TOML file of connection settings [RACKCTL_CONFIG; default "
-    "~/.config/rackctl/config.toml if it exists]")]
-HostOpt = Annotated[str | None, typer.Option(help="broker host [RACKCTL_HOST]")]
-PortOpt = Annotated[int | None, typer.Option(help="broker port [RACKCTL_PORT]")]
-ProtocolOpt = Annotated[str | None, typer.Option(
-    help="MQTT 5, 3.1.1 or auto (v5, else 3.1.1; the default) [RACKCTL_PROTOCOL]")]
-UsernameOpt = Annotated[str | None, typer.Option(
-    help="broker username [RACKCTL_USERNAME]; password only from $RACKCTL_PASSWORD")]
-CaOpt = Annotated[Path | None, typer.Option(help="CA file, enables TLS [RACKCTL_CA_FILE]")]
-CertOpt = Annotated[Path | None, typer.Option(help="client certificate [RACKCTL_CERT_FILE]")]
-KeyOpt = Annotated[Path | None, typer.Option(help="client key [RACKCTL_KEY_FILE]")]
-SiteOpt = Annotated[str | None, typer.Option(help="topic level <site> [RACKCTL_SITE]")]
-RackOpt = Annotated[str | None, typer.Option(help="topic level <rack> [RACKCTL_RACK]")]
-RootOpt = Annotated[str | None, typer.Option(help="topic root [RACKCTL_TOPIC_ROOT]")]
-UserOpt = Annotated[str | None, typer.Option(
-    help="cmd/<user> level (default: the username) [RACKCTL_USER]")]
-TimeoutOpt = Annotated[float | None, typer.Option(
-    "--timeout", help="seconds to wait for the reply [RACKCTL_TIMEOUT_S]")]
-ConnectTimeoutOpt = Annotated[float | None, typer.Option(
-    "--connect-timeout", help="seconds to wait for the broker [RACKCTL_CONNECT_TIMEOUT_S]")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 
@@ -422,6 +402,7 @@ def _reply_table(daemon: str, verb: str, reply: dict[str, Any]) -> Table:
 
 
 @app.command("cmd", short_help="Send one command to a daemon.")
+@connection_options()
 def cmd(
     daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey or racky")],
     verb: Annotated[str, typer.Argument(help="verb, e.g. get_state, set_setpoint")],
@@ -433,20 +414,7 @@ def cmd(
     request_id: Annotated[str | None, typer.Option(
         help="reuse an id to retry safely (never applied twice)")] = None,
     json_out: JsonOpt = False,
-    config: ConfigOpt = None,
-    host: HostOpt = None,
-    port: PortOpt = None,
-    protocol: ProtocolOpt = None,
-    username: UsernameOpt = None,
-    ca_file: CaOpt = None,
-    cert_file: CertOpt = None,
-    key_file: KeyOpt = None,
-    site: SiteOpt = None,
-    rack: RackOpt = None,
-    topic_root: RootOpt = None,
-    user: UserOpt = None,
-    timeout: TimeoutOpt = None,
-    connect_timeout: ConnectTimeoutOpt = None,
+    conn: Connection = NO_OPTIONS,
 ) -> None:
     """Send one command to a daemon and print its reply (docs/COMMANDS.md).
 
@@ -470,10 +438,7 @@ def cmd(
             validate_request_id(request_id)
     except ValueError as err:
         _fail(str(err), EXIT_USAGE)
-    settings = _client_settings(
-        config, host=host, port=port, protocol=protocol, username=username, ca_file=ca_file,
-        cert_file=cert_file, key_file=key_file, site=site, rack=rack, topic_root=topic_root,
-        user=user, timeout_s=timeout, connect_timeout_s=connect_timeout)
+    settings = conn.settings()
     try:
         settings.topics(daemon).cmd(settings.topic_user, verb)
     except ValueError as err:
@@ -511,6 +476,7 @@ def cmd(
 
 
 @app.command("watch", short_help="Show a daemon's status, state and alarms live.")
+@connection_options(replies=False)
 def watch(
     daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey")],
     json_out: Annotated[bool, typer.Option(
@@ -520,18 +486,7 @@ def watch(
         "terminal) instead of the live view")] = False,
     duration: Annotated[float | None, typer.Option(
         min=0.0, help="stop after this many seconds (default: until Ctrl-C)")] = None,
-    config: ConfigOpt = None,
-    host: HostOpt = None,
-    port: PortOpt = None,
-    protocol: ProtocolOpt = None,
-    username: UsernameOpt = None,
-    ca_file: CaOpt = None,
-    cert_file: CertOpt = None,
-    key_file: KeyOpt = None,
-    site: SiteOpt = None,
-    rack: RackOpt = None,
-    topic_root: RootOpt = None,
-    connect_timeout: ConnectTimeoutOpt = None,
+    conn: Connection = NO_OPTIONS,
 ) -> None:
     """Show a daemon's status, state and alarms live (retained values first).
 
@@ -541,10 +496,7 @@ def watch(
     from rackplane.io.mqtt import Message
 
     configure_logging("error", "console")
-    settings = _client_settings(
-        config, host=host, port=port, protocol=protocol, username=username, ca_file=ca_file,
-        cert_file=cert_file, key_file=key_file, site=site, rack=rack, topic_root=topic_root,
-        connect_timeout_s=connect_timeout)
+    settings = conn.settings()
     try:
         topics = settings.topics(daemon)
     except ValueError as err:

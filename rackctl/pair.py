@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rackctl import cli
+from rackctl.options import NO_OPTIONS, Connection, connection_options
 from rackplane.errors import ConfigError, MqttError
 
 __all__ = ["PairView", "handover", "pair"]
@@ -168,23 +169,13 @@ def pair_filters(base: str) -> list[str]:
 
 
 @cli.app.command("pair", short_help="Show a daemon's pair: active instance, epoch.")
+@connection_options(replies=False)
 def pair(
     daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey")],
     wait: Annotated[float, typer.Option(
         min=0.1, max=30.0, help="seconds to collect the retained topics")] = 1.5,
     json_out: cli.JsonOpt = False,
-    config: cli.ConfigOpt = None,
-    host: cli.HostOpt = None,
-    port: cli.PortOpt = None,
-    protocol: cli.ProtocolOpt = None,
-    username: cli.UsernameOpt = None,
-    ca_file: cli.CaOpt = None,
-    cert_file: cli.CertOpt = None,
-    key_file: cli.KeyOpt = None,
-    site: cli.SiteOpt = None,
-    rack: cli.RackOpt = None,
-    topic_root: cli.RootOpt = None,
-    connect_timeout: cli.ConnectTimeoutOpt = None,
+    conn: Connection = NO_OPTIONS,
 ) -> None:
     """Show whether a daemon runs single or as a pair; for a pair which instance is active,
     its epoch, the lease's remaining time, its last lease change, each instance's sync age
@@ -196,10 +187,7 @@ def pair(
     from rackplane.io.mqtt import Message
 
     cli.configure_logging("error", "console")
-    settings = cli._client_settings(
-        config, host=host, port=port, protocol=protocol, username=username, ca_file=ca_file,
-        cert_file=cert_file, key_file=key_file, site=site, rack=rack, topic_root=topic_root,
-        connect_timeout_s=connect_timeout)
+    settings = conn.settings()
     try:
         base = settings.topics(daemon).base
     except ValueError as err:
@@ -244,26 +232,14 @@ def pair(
 
 
 @cli.app.command("handover", short_help="Hand a pair's active role to the standby.")
+@connection_options()
 def handover(
     daemon: Annotated[str, typer.Argument(help="daemon name, e.g. valvey")],
     reason: Annotated[str | None, typer.Option(help="why (logged by the daemon)")] = None,
     request_id: Annotated[str | None, typer.Option(
         help="reuse an id to retry safely (a retry never hands back)")] = None,
     json_out: cli.JsonOpt = False,
-    config: cli.ConfigOpt = None,
-    host: cli.HostOpt = None,
-    port: cli.PortOpt = None,
-    protocol: cli.ProtocolOpt = None,
-    username: cli.UsernameOpt = None,
-    ca_file: cli.CaOpt = None,
-    cert_file: cli.CertOpt = None,
-    key_file: cli.KeyOpt = None,
-    site: cli.SiteOpt = None,
-    rack: cli.RackOpt = None,
-    topic_root: cli.RootOpt = None,
-    user: cli.UserOpt = None,
-    timeout: cli.TimeoutOpt = None,
-    connect_timeout: cli.ConnectTimeoutOpt = None,
+    conn: Connection = NO_OPTIONS,
 ) -> None:
     """Planned maintenance: the pair's active instance releases its lease and the standby
     takes over bumplessly (verb handover, role operator; docs/OPERATIONS.md §6).
@@ -285,10 +261,7 @@ def handover(
             validate_request_id(request_id)
         except ValueError as err:
             cli._fail(str(err), cli.EXIT_USAGE)
-    settings = cli._client_settings(
-        config, host=host, port=port, protocol=protocol, username=username, ca_file=ca_file,
-        cert_file=cert_file, key_file=key_file, site=site, rack=rack, topic_root=topic_root,
-        user=user, timeout_s=timeout, connect_timeout_s=connect_timeout)
+    settings = conn.settings()
     try:
         settings.topics(daemon)
     except ValueError as err:
