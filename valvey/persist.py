@@ -53,10 +53,11 @@ most flow the config allows (``pump_loop.flow_setpoint_max_lpm``, or
 ``safety.design_flow_lpm`` when larger) / 60 (k = ε·C_min ≤ C_s). Restored, both say so in
 the state (``safety.liquid_fraction_source``, ``supply_loop.capacity_w_per_k_source``:
 ``restored``) until this run has learned or measured as much again (then ``learned`` /
-``measured``). Not persisted: the highest rack power seen (it stands in for an unset
-``capacity.rack_max_power_w`` and must never exceed the rack's true maximum: a rack swapped
-during the restart would break that), the estimate's correction and a stuck valve's
-conductance (transients).
+``measured``; a first valve-open sample more than 3 % off replaces a restored ``k_open`` at
+once: the exchanger changed meanwhile). Not persisted: the highest rack power seen (it stands
+in for an unset ``capacity.rack_max_power_w`` and must never exceed the rack's true maximum:
+a rack swapped during the restart would break that), the estimate's correction and a stuck
+valve's conductance (transients).
 
 Keys added to ``learned`` keep the format at version 1: a file without them (an older
 build's) restores nothing of them, and an older build reading a newer file ignores them.

@@ -73,6 +73,7 @@ class LiquidFraction:
 
     @property
     def value(self) -> float:
+        """The fraction in use (0-1): learned (or restored), else the configured one."""
         r = self._ratio.value
         return r if self.s.learn_liquid_fraction and self.learned and r is not None else (
             self.s.liquid_fraction)
