@@ -21,7 +21,16 @@ folder apart). Its ``data``::
        "ff_map_pct": [0, 47.3, ...] | null,     # the learned valve %, null: the prior
        "commissioned": {                         # accepted auto-commissioning gains, or null
          "kc_pct_per_k": 34.2, "ti_s": 40.0, "ff_gain": 1.13,
-         "file_kc_pct_per_k": 18.9, "file_ti_s": 20.0, "file_ff_gain": 1.0}}}
+         "file_kc_pct_per_k": 18.9, "file_ti_s": 20.0, "file_ff_gain": 1.0},
+       "liquid_fraction": {                      # learned liquid fraction (0-1), or null
+         "value": 0.874,                         # (3 decimals, saved in 0.005 steps)
+         "file_liquid_fraction": 0.85,           # capacity.liquid_fraction then (the prior)
+         "file_inputs": ["heat_removed_kw", "rack_power_w"]},  # points.heat_removed,
+                                                 # safety.rack_power then
+       "exchanger": {                            # measured valve-open conductance, or null
+         "k_open_kw_per_k": 11.93,               # kW/K (4 digits, saved in 1 % steps)
+         "file_cdu": "10.0.4.21:502/1",          # cdu host:port/unit_id then (or serial:…)
+         "file_points": ["heat_removed_kw", "return_temp_c", "facility_supply_temp_c"]}}}
 
 **Learned values** are restored at start (`apply_learned`) unless the configured
 ``feedforward.valve_map`` changed since they were learned (the file wins: an operator who
@@ -32,7 +41,26 @@ not falling with power); anything else is dropped and logged as superseded. A fi
 forgets them (back to the cold-start prior). Accepted commissioning gains
 (`valvey.core.commissioning`) are restored only while the configured ``supply_loop.kc_pct_per_k``,
 ``ti_s`` and ``feedforward.gain`` are still the ones they replaced (``file_*``) and they are
-within the ``commissioning`` bounds.
+within the ``commissioning`` bounds. The capacity guard's learned values (`valvey.core.capacity`):
+the **liquid fraction** is restored only while ``capacity.liquid_fraction`` (its prior) and
+its inputs (``file_inputs``) are unchanged, ``learn_liquid_fraction`` is on, and within
+[``capacity.liquid_fraction_min``, ``liquid_fraction_max``]; the exchanger's **valve-open
+conductance** ``k_open`` only while the CDU and its points (``file_cdu``, ``file_points``) are
+unchanged and within `valvey.core.capacity.k_open_window`: at least ``liquid_fraction_min ×
+min_cap_w`` over ``supply_loop.setpoint_max_c`` K (an exchanger that could not carry the
+lowest cap's heat even with 0 °C facility water: a heat meter in MW), below 0.95 × ρc × the
+most flow the config allows (``pump_loop.flow_setpoint_max_lpm``, or
+``safety.design_flow_lpm`` when larger) / 60 (k = ε·C_min ≤ C_s). Restored, both say so in
+the state (``safety.liquid_fraction_source``, ``supply_loop.capacity_w_per_k_source``:
+``restored``) until this run has learned or measured as much again (then ``learned`` /
+``measured``; a first valve-open sample more than 3 % off replaces a restored ``k_open`` at
+once: the exchanger changed meanwhile). Not persisted: the highest rack power seen (it stands
+in for an unset ``capacity.rack_max_power_w`` and must never exceed the rack's true maximum:
+a rack swapped during the restart would break that), the estimate's correction and a stuck
+valve's conductance (transients).
+
+Keys added to ``learned`` keep the format at version 1: a file without them (an older
+build's) restores nothing of them, and an older build reading a newer file ignores them.
 
 **File vs command (the newer decision wins).** Each saved value carries the config value it
 was saved against. At start (and at SIGHUP, `Valvey.reload`), a saved setpoint (or shadow
@@ -59,6 +87,7 @@ from rackplane.errors import CommandError
 from rackplane.io.statefile import StateFile
 from rackplane.paths import in_state_directory
 from rackplane.settings import SpoolSettings
+from valvey.core.capacity import k_open_window
 from valvey.core.commissioning import Accepted
 from valvey.core.controller import ValveyCore
 from valvey.core.supply_loop import SupplyLoop
@@ -73,6 +102,8 @@ __all__ = [
     "STATE_FORMAT",
     "STATE_VERSION",
     "CommandState",
+    "LearnedExchanger",
+    "LearnedLiquid",
     "LearnedState",
     "apply_command_state",
     "apply_learned",
@@ -178,19 +209,25 @@ class LearnedState:
     ff_map_pct: tuple[float, ...] | None
     valve_rest_pct: tuple[tuple[str, float, float], ...] = ()
     commissioned: Accepted | None = None
+    liquid_fraction: LearnedLiquid | None = None
+    exchanger: LearnedExchanger | None = None
 
     @classmethod
     def of(cls, core: ValveyCore) -> LearnedState:
         """The core's learned values now."""
         ff = core.ff
         vm = ff.settings.valve_map
+        liq = core.capacity.liquid.saved
+        k_open = core.capacity.k_open_saved
         return cls(
             tuple(sorted((k, round(v, 1)) for k, v in core.valves.learned().items())),
             tuple(float(p[0]) for p in vm), tuple(float(p[1]) for p in vm),
             tuple(round(y, 2) for _, y in ff.valve_map) if ff.map_learned else None,
             tuple(sorted((k, round(o, 1), round(b, 1))
                          for k, (o, b) in core.valves.learned_rest().items())),
-            core.commissioning.accepted)
+            core.commissioning.accepted,
+            None if liq is None else LearnedLiquid(liq, *_liquid_basis(core)),
+            None if k_open is None else LearnedExchanger(k_open, *_exchanger_basis(core)))
 
     def data(self) -> dict[str, Any]:
         """The ``learned`` object of the state file."""
@@ -200,7 +237,15 @@ class LearnedState:
                 "ff_map_pct": None if self.ff_map_pct is None else list(self.ff_map_pct),
                 "valve_rest_pct": {k: [o, b] for k, o, b in self.valve_rest_pct},
                 "commissioned": None if self.commissioned is None else dict(
-                    zip(_COMMISSIONED, self.commissioned, strict=True))}
+                    zip(_COMMISSIONED, self.commissioned, strict=True)),
+                "liquid_fraction": None if self.liquid_fraction is None else {
+                    "value": self.liquid_fraction.value,
+                    "file_liquid_fraction": self.liquid_fraction.file_liquid_fraction,
+                    "file_inputs": list(self.liquid_fraction.file_inputs)},
+                "exchanger": None if self.exchanger is None else {
+                    "k_open_kw_per_k": self.exchanger.k_open_kw_per_k,
+                    "file_cdu": self.exchanger.file_cdu,
+                    "file_points": list(self.exchanger.file_points)}}
 
     @classmethod
     def from_data(cls, data: Any) -> LearnedState:
@@ -225,7 +270,84 @@ class LearnedState:
                    _nums(data.get("ff_map_prior_pct", []), "ff_map_prior_pct"),
                    None if m is None else _nums(m, "ff_map_pct"),
                    tuple(sorted((k, float(v[0]), float(v[1])) for k, v in rest.items())),
-                   _commissioned(data.get("commissioned")))
+                   _commissioned(data.get("commissioned")),
+                   _liquid(data.get("liquid_fraction")), _exchanger(data.get("exchanger")))
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedLiquid:
+    """The learned liquid fraction (0-1) and the config it was learned against: the
+    configured prior ``capacity.liquid_fraction`` and its inputs (``points.heat_removed``,
+    ``safety.rack_power``: the ratio's heat meter and rack power)."""
+
+    value: float
+    file_liquid_fraction: float
+    file_inputs: tuple[str | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedExchanger:
+    """The measured valve-open conductance [kW/K] and what it was measured on: the CDU
+    (``host:port/unit``, or ``serial:<port>/unit``) and its points (``points.heat_removed``,
+    ``return_temp``, ``facility_supply_temp``)."""
+
+    k_open_kw_per_k: float
+    file_cdu: str
+    file_points: tuple[str | None, ...]
+
+
+def _liquid_basis(core: ValveyCore) -> tuple[float, tuple[str | None, ...]]:
+    cfg = core.cfg
+    return cfg.capacity.liquid_fraction, (cfg.points.heat_removed, cfg.safety.rack_power)
+
+
+def _exchanger_basis(core: ValveyCore) -> tuple[str, tuple[str | None, ...]]:
+    c, p = core.cfg.cdu, core.cfg.points
+    where = f"serial:{c.serial_port}" if c.serial_port is not None else f"{c.host}:{c.port}"
+    return f"{where}/{c.unit_id}", (p.heat_removed, p.return_temp, p.facility_supply_temp)
+
+
+def _k_window(core: ValveyCore) -> tuple[float, float]:
+    """`k_open_window` of the core's config: the most flow is ``pump_loop.
+    flow_setpoint_max_lpm``, or ``safety.design_flow_lpm`` when larger."""
+    cfg = core.cfg
+    flow = max(cfg.pump_loop.flow_setpoint_max_lpm, cfg.safety.design_flow_lpm or 0.0)
+    return k_open_window(cfg.capacity, cfg.supply_loop.setpoint_max_c, flow)
+
+
+def _number(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int | float)
+
+
+def _names(v: Any, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and all(
+        x is None or (isinstance(x, str) and len(x) <= 200) for x in v)
+
+
+def _liquid(v: Any) -> LearnedLiquid | None:
+    """Parse ``learned.liquid_fraction`` (null: none). Raises ValueError for a wrong shape."""
+    if v is None:
+        return None
+    if not isinstance(v, dict) or set(v) != {"value", "file_liquid_fraction", "file_inputs"} \
+            or not _number(v["value"]) or not _number(v["file_liquid_fraction"]) \
+            or not _names(v["file_inputs"], 2):
+        raise ValueError("learned.liquid_fraction: expected {value, file_liquid_fraction: "
+                         f"numbers, file_inputs: [2 names]}}, got {v!r}")
+    return LearnedLiquid(float(v["value"]), float(v["file_liquid_fraction"]),
+                         tuple(v["file_inputs"]))
+
+
+def _exchanger(v: Any) -> LearnedExchanger | None:
+    """Parse ``learned.exchanger`` (null: none). Raises ValueError for a wrong shape."""
+    if v is None:
+        return None
+    if not isinstance(v, dict) or set(v) != {"k_open_kw_per_k", "file_cdu", "file_points"} \
+            or not _number(v["k_open_kw_per_k"]) or not isinstance(v["file_cdu"], str) \
+            or len(v["file_cdu"]) > 300 or not _names(v["file_points"], 3):
+        raise ValueError("learned.exchanger: expected {k_open_kw_per_k: number, file_cdu: "
+                         f"text, file_points: [3 names]}}, got {v!r}")
+    return LearnedExchanger(float(v["k_open_kw_per_k"]), v["file_cdu"],
+                            tuple(v["file_points"]))
 
 
 _COMMISSIONED = ("kc_pct_per_k", "ti_s", "ff_gain", "file_kc_pct_per_k", "file_ti_s",
@@ -280,7 +402,37 @@ def apply_learned(core: ValveyCore, saved: LearnedState) -> tuple[list[str], lis
         else:
             superseded.append("commissioned: the configured gains changed since, or outside "
                               "the commissioning bounds")
+    _apply_capacity(core, saved, restored, superseded)
     return restored, superseded
+
+
+def _apply_capacity(core: ValveyCore, saved: LearnedState, restored: list[str],
+                    superseded: list[str]) -> None:
+    """`apply_learned`'s part for the capacity guard: the liquid fraction and the exchanger's
+    valve-open conductance (module docstring)."""
+    lf = saved.liquid_fraction
+    if lf is not None:
+        cap = core.cfg.capacity
+        if (lf.file_liquid_fraction, lf.file_inputs) != _liquid_basis(core):
+            superseded.append("liquid_fraction: capacity.liquid_fraction or its inputs "
+                              "(points.heat_removed, safety.rack_power) changed since")
+        elif core.capacity.liquid.restore(lf.value):
+            restored.append("liquid_fraction")
+        else:
+            superseded.append(f"liquid_fraction: {lf.value:g} outside capacity.liquid_fraction_"
+                              f"min..max [{cap.liquid_fraction_min:g}, "
+                              f"{cap.liquid_fraction_max:g}], or learn_liquid_fraction off")
+    ex = saved.exchanger
+    if ex is not None:
+        lo, hi = _k_window(core)
+        if (ex.file_cdu, ex.file_points) != _exchanger_basis(core):
+            superseded.append("k_open_kw_per_k: the CDU (cdu.host, port, unit_id, "
+                              "serial_port) or its heat, return or facility point changed since")
+        elif core.capacity.restore_k_open(ex.k_open_kw_per_k, (lo, hi)):
+            restored.append("k_open_kw_per_k")
+        else:
+            superseded.append(f"k_open_kw_per_k: {ex.k_open_kw_per_k:g} outside its "
+                              f"plausibility window [{lo:.3g}, {hi:.3g}] kW/K")
 
 
 def apply_command_state(

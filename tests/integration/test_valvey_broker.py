@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from harness.daemons import sim_proc, valvey_proc, write_valvey_config
+from harness.daemons import sim_proc, until, valvey_proc, write_valvey_config
 from harness.servers import Mosquitto, free_port
 from rackplane.clock import SYSTEM_CLOCK
 from rackplane.io.mqtt import Message, MqttLink
@@ -35,8 +35,10 @@ class Operator:
         self.base = f"rackplane/lab/{rack}/valvey"
         self.replies: dict[str, dict[str, Any]] = {}
         self.health: dict[str, Any] = {}
+        self.safety: dict[str, Any] = {}
         self.link.subscribe(f"{self.base}/cmd/op1/+/result", self._reply, qos=1)
         self.link.subscribe(f"{self.base}/state/health", self._health, qos=0)
+        self.link.subscribe(f"{self.base}/state/safety", self._safety, qos=0)
 
     def _reply(self, m: Message) -> None:
         body = m.json()
@@ -44,6 +46,9 @@ class Operator:
 
     def _health(self, m: Message) -> None:
         self.health = m.json()
+
+    def _safety(self, m: Message) -> None:
+        self.safety = m.json()
 
     async def command(
         self, verb: str, args: dict[str, Any], timeout_s: float = 15
@@ -115,7 +120,10 @@ async def test_command_setpoint_survives_a_daemon_restart(
     tmp_path: Path, mosquitto_private: Mosquitto
 ) -> None:
     """Issue 7 (valvey.persist): a setpoint set by command is saved by the running daemon and
-    restored by the next process; a SIGTERM in between loses nothing."""
+    restored by the next process; a SIGTERM in between loses nothing. Issue 21 item 2: the
+    liquid fraction and the exchanger's valve-open conductance an earlier run learned (laid
+    into the file here: learning them takes minutes of steady, valve-open running) are
+    restored by the next process and reported as such."""
     rack = f"it-{uuid.uuid4().hex[:8]}"
     modbus_port = free_port()
     sim = sim_proc(tmp_path, modbus_port, mosquitto_private.port, "load-step-short", rack)
@@ -138,13 +146,40 @@ async def test_command_setpoint_survives_a_daemon_restart(
         r1 = await op.command("set_setpoint", {"setpoint_c": 43.5})
         assert r1["ok"] is True and r1["state"]["setpoint_c"] == 43.5, r1
         assert valvey.stop() == 0
-        doc = json.loads((tmp_path / f"valvey-state-{rack}.json").read_text())
+        path = tmp_path / f"valvey-state-{rack}.json"
+        doc = json.loads(path.read_text())
         assert doc["format"] == "valvey-state" and doc["data"]["setpoint_c"] == 43.5
+        assert {"liquid_fraction", "exchanger"} <= set(doc["data"]["learned"])
+        doc["data"]["learned"]["liquid_fraction"] = {
+            "value": 0.91, "file_liquid_fraction": 0.85,
+            "file_inputs": ["heat_removed_kw", "rack_power_w"]}
+        doc["data"]["learned"]["exchanger"] = {
+            "k_open_kw_per_k": 10.2, "file_cdu": f"127.0.0.1:{modbus_port}/1",
+            "file_points": ["heat_removed_kw", "return_temp_c", "facility_supply_temp_c"]}
+        path.write_text(json.dumps(doc))
 
         valvey = valvey_proc(tmp_path, cfg).start()  # the restart
         r2 = await op.command("get_state", {}, timeout_s=20)
         assert r2["ok"] is True and r2["state"]["setpoint_c"] == 43.5, r2
         assert r2["state"]["control_mode"] != "manual"
+        restored = [e for e in valvey.events() if e.get("event") == "command_state_restored"]
+        assert {"liquid_fraction", "k_open_kw_per_k"} <= set(restored[-1]["restored"]), restored
+        await until(lambda: op.safety.get("liquid_fraction_source") == "restored", 20,
+                    "state/safety: the liquid fraction restored", valvey,
+                    detail=lambda: str(op.safety))
+        assert op.safety["liquid_fraction"] == 0.91, op.safety
+        # the figure racky derates by is there with the first flow reading, the valve open or
+        # not: restored (or this run's, had the valve been fully open already)
+        state: dict[str, Any] = {}
+        for _ in range(40):
+            state = (await op.command("get_state", {}, timeout_s=20))["state"]
+            if state.get("capacity_w_per_k") is not None:
+                break
+            await asyncio.sleep(0.5)
+        assert state.get("capacity_w_per_k") is not None, state
+        assert state["capacity_w_per_k_source"] in ("restored", "measured"), state
+        print(f"\nrestored exchanger: {state['capacity_w_per_k']} W/K "
+              f"({state['capacity_w_per_k_source']}), valve {state['valve_command_pct']} %")
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(op.link.stop(), 3)

@@ -28,14 +28,9 @@ as S9's 0.4 K/min, a small overshoot when it stops); k_open, the stuck valve's k
 flow are the mean of their samples turning into an average of ``estimate_tau_s``, restarted
 from the last 10 s when those leave it by 3 % (a real change is followed in ≈ 10 s).
 
-**Liquid fraction** (``learn_liquid_fraction``): the share of the rack power that reaches the
-liquid, learned as heat removed at the CDU / rack power racky publishes, at steady state only
-(rack power and heat removed within 3 %, the supply within 0.05 K, of their averages for
-``liquid_steady_s``: the heat meter lags the power through the rack and the pipes, and a
-warming loop stores heat), averaged, and used only within [``liquid_fraction_min``,
-``liquid_fraction_max``]; until learned, or with every ratio outside that window, the
-configured ``liquid_fraction`` is the fallback. It is published in ``state/safety`` and the
-``cdu`` telemetry line.
+**Liquid fraction**: the rack power is the heat over the share of it reaching the liquid,
+learned at steady state (`valvey.core.liquid_fraction.LiquidFraction`), else the configured
+``liquid_fraction``.
 
 The estimate is for the supply at setpoint + ``hold_above_setpoint_k`` (0.85 K): the band the
 targets allow (≤ SP + 1 K, REFERENCE §5 S4/S9) is power the rack keeps; a cap for exactly the
@@ -62,6 +57,14 @@ hysteresis by time and by level.
 **Published** (``state/supply_loop.capacity_w_per_k``): the measured valve-open capacity per K
 of approach, `open_capacity_w_per_k`; racky's facility-water derate uses it in place of its
 nominal P_max(T_fws) table (the table stays the cold prior until valvey has measured).
+
+**Persisted** (valvey.persist): k_open (`CapacityGuard.k_open_saved`) is laid back at start
+(`CapacityGuard.restore_k_open`) within `k_open_window`, a plausibility window from the config,
+so a restart does not leave racky on its table until the valve is next fully open; it weighs
+as a 10 s average once this run's first valve-open sample confirms it (within 3 %), else
+that sample replaces it (the exchanger changed meanwhile: this run's samples only).
+``supply_loop.capacity_w_per_k_source`` says ``restored`` until this run has measured it
+(then ``measured``); ``reset_learned`` forgets it (`CapacityGuard.forget_k_open`).
 """
 
 from __future__ import annotations
@@ -72,13 +75,16 @@ from dataclasses import dataclass
 from pydantic import Field
 
 from rackplane.config import StrictModel
+from valvey.core.liquid_fraction import LiquidFraction
 
-__all__ = ["CapacityGuard", "CapacitySettings", "CapacityStep", "capacity_w",
-           "open_capacity_w_per_k"]
+__all__ = ["CapacityGuard", "CapacitySettings", "CapacityStep", "LiquidFraction", "capacity_w",
+           "k_open_window", "open_capacity_w_per_k"]
 
 
 _ESTIMATE_REASONS = frozenset({"valve_saturated", "valve_stuck"})
 """The reasons whose cap is the capacity estimate."""
+_K_SEED_N = 10
+"""A restored k_open weighs as this many 1 s samples (the jump rule's 10 s average)."""
 _FWS_MOVING_K_PER_S = 0.0025
 """The facility water moving faster than this (0.15 K/min; S9's ramp: 0.4 K/min) is a
 transient for the estimate's correction, not its error."""
@@ -192,6 +198,20 @@ def capacity_w(k_kw_per_k: float, setpoint_c: float, facility_c: float, flow_lpm
     return max(0.0, 1000.0 * q / liquid_fraction)
 
 
+def k_open_window(s: CapacitySettings, setpoint_max_c: float,
+                  flow_max_lpm: float) -> tuple[float, float]:
+    """Plausibility window [kW/K] of a valve-open conductance restored from the state file
+    (module docstring), from the config: ``setpoint_max_c`` (supply_loop.setpoint_max_c, °C)
+    and ``flow_max_lpm`` (the most flow the config lets the loop run, L/min).
+
+    Low: ``liquid_fraction_min × min_cap_w`` over ``setpoint_max_c`` K: below it the open
+    exchanger could not carry the lowest cap's heat even with facility water at 0 °C (a heat
+    meter in MW, a dead return sensor). High: 0.95 × ρc × ``flow_max_lpm`` / 60: k = ε·C_min
+    is at most the coolant's heat capacity rate, and `capacity_w` refuses k ≥ 0.95 C_s."""
+    lo = s.liquid_fraction_min * s.min_cap_w / 1000.0 / max(setpoint_max_c, 1.0)
+    return lo, 0.95 * s.coolant_rho_c_kj_per_l_k * flow_max_lpm / 60.0
+
+
 def open_capacity_w_per_k(k_open_kw_per_k: float | None, flow_lpm: float | None,
                           rho_c: float, liquid_fraction: float) -> float | None:
     """Rack power [W] the cooling holds per K of approach (setpoint − facility water) with
@@ -261,78 +281,6 @@ class _Slow:
         return self.value
 
 
-class _Mean:
-    """Mean of the samples, turning into an exponential average of ``tau_s`` (1 s samples)."""
-
-    __slots__ = ("n", "tau", "value")
-
-    def __init__(self, tau_s: float):
-        self.tau = tau_s
-        self.value: float | None = None
-        self.n = 0
-
-    def update(self, x: float) -> float:
-        self.n += 1
-        self.value = x if self.value is None else self.value + (x - self.value) / min(
-            float(self.n), self.tau)
-        return self.value
-
-
-class LiquidFraction:
-    """The liquid fraction learned at steady state (module docstring): ``value`` is the one in
-    use (learned, else the configured fallback), ``learned`` whether it is learned."""
-
-    def __init__(self, s: CapacitySettings):
-        self.s = s
-        self._avg_p = _Mean(s.liquid_steady_s / 4.0)
-        self._avg_q = _Mean(s.liquid_steady_s / 4.0)
-        self._avg_pv = _Mean(s.liquid_steady_s / 4.0)
-        self._steady_since: float | None = None
-        self._ratio = _Mean(s.liquid_steady_s)
-        self.implausible = 0  # steady ratios outside the window (not learned)
-
-    @property
-    def learned(self) -> bool:
-        """A steady window of ``liquid_steady_s`` has passed and its ratio has been averaged
-        for a quarter of that again (the inputs are already 30 s averages at the default)."""
-        return self._ratio.n >= self.s.liquid_steady_s / 4.0
-
-    @property
-    def value(self) -> float:
-        r = self._ratio.value
-        return r if self.s.learn_liquid_fraction and self.learned and r is not None else (
-            self.s.liquid_fraction)
-
-    def update(self, now: float, heat_removed_kw: float | None, rack_power_w: float | None,
-               pv_c: float | None) -> None:
-        """One 1 s sample; anything missing or non-finite restarts the steady window."""
-        s = self.s
-        if (heat_removed_kw is None or rack_power_w is None or pv_c is None
-                or not math.isfinite(heat_removed_kw + rack_power_w + pv_c)
-                or rack_power_w < s.min_cap_w or heat_removed_kw <= 0.0):
-            self._steady_since = None
-            self._avg_p, self._avg_q, self._avg_pv = (_Mean(self._avg_p.tau), _Mean(
-                self._avg_q.tau), _Mean(self._avg_pv.tau))
-            return
-        p = self._avg_p.update(rack_power_w)
-        q = self._avg_q.update(heat_removed_kw)
-        pv = self._avg_pv.update(pv_c)
-        steady = (abs(rack_power_w - p) <= 0.03 * p and abs(heat_removed_kw - q) <= 0.03 * q
-                  and abs(pv_c - pv) <= 0.05)
-        if not steady:
-            self._steady_since = None
-            return
-        if self._steady_since is None:
-            self._steady_since = now
-        if now - self._steady_since < s.liquid_steady_s:
-            return
-        ratio = 1000.0 * q / p
-        if s.liquid_fraction_min <= ratio <= s.liquid_fraction_max:
-            self._ratio.update(ratio)
-        else:
-            self.implausible += 1
-
-
 @dataclass(frozen=True, slots=True)
 class CapacityStep:
     """The guard's decision: ``cap_w`` (None: no cap wanted), the reasons in force, the
@@ -355,6 +303,9 @@ class CapacityGuard:
     def __init__(self, settings: CapacitySettings):
         self.s = settings
         self.k_open: float | None = None
+        self.k_open_saved: float | None = None  # k_open to persist (4 digits, 1 % steps)
+        self._k_restored = False  # k_open started from a saved value (restore_k_open)
+        self._k_own = 0  # valve-open samples of this run averaged into k_open
         self.k_now: float | None = None
         self.cap_w: float | None = None
         self._sat_since: float | None = None
@@ -479,7 +430,15 @@ class CapacityGuard:
             self._k_stuck = None
         if k is not None and valve_position_pct is not None and (
                 valve_position_pct >= s.saturated_pct and not valve_stuck):
+            if self._k_restored and self._k_own == 0 and self.k_open is not None and (
+                    abs(k - self.k_open) > 0.03 * self.k_open):
+                self._k_open = _Slow(s.estimate_tau_s)  # changed since: this run's only
+                self._k_restored = False
             self.k_open = self._k_open.update(k)
+            self._k_own += 1
+            if self.k_open_saved is None or abs(self.k_open - self.k_open_saved) > (
+                    0.01 * self.k_open_saved):
+                self.k_open_saved = float(f"{self.k_open:.4g}")
         # the estimate's noisy inputs, smoothed (module docstring); a missing one: no estimate
         fws = None if facility_c is None else self._facility.update(now, facility_c)
         flow = None if flow_lpm is None else self._flow.update(flow_lpm)
@@ -580,6 +539,46 @@ class CapacityGuard:
         cap = None if self.cap_w is None else round(self.cap_w, -2)
         per_k = open_capacity_w_per_k(self.k_open, flow, s.coolant_rho_c_kj_per_l_k, f_liq)
         return CapacityStep(cap, reasons, est, self.k_open, per_k, f_liq)
+
+    @property
+    def k_open_source(self) -> str | None:
+        """Where ``k_open`` comes from: None (not measured), ``restored`` (saved by an earlier
+        run, not yet re-confirmed: this run has averaged in fewer than 10 s of valve-open
+        samples, the weight the saved value starts with) or ``measured`` (this run has)."""
+        if self.k_open is None:
+            return None
+        return "restored" if self._k_restored and self._k_own < _K_SEED_N else "measured"
+
+    def restore_k_open(self, k_kw_per_k: float, window: tuple[float, float]) -> bool:
+        """Lay a saved valve-open conductance [kW/K] over the unmeasured one: taken (True)
+        only when finite and within ``window`` (`k_open_window`). This run's first valve-open
+        sample re-confirms it (within 3 %: it then weighs as a 10 s average of this run's
+        samples) or replaces it (the exchanger changed meanwhile, e.g. fouled: this run's
+        samples only, as at a cold start)."""
+        lo, hi = window
+        if (isinstance(k_kw_per_k, bool) or not isinstance(k_kw_per_k, int | float)
+                or not math.isfinite(k_kw_per_k) or not lo <= k_kw_per_k <= hi):
+            return False
+        self.forget_k_open()
+        k = float(k_kw_per_k)
+        self._k_open.value = self._k_open.fast = self.k_open = k
+        self._k_open.n = _K_SEED_N
+        self._k_restored = True
+        self.k_open_saved = float(f"{k:.4g}")
+        return True
+
+    def forget_learned(self) -> None:
+        """``reset_learned``: the configured liquid fraction, the exchanger unmeasured."""
+        self.liquid.forget()
+        self.forget_k_open()
+
+    def forget_k_open(self) -> None:
+        """Forget the measured valve-open conductance (``reset_learned``): unmeasured until
+        the valve is open again (racky's derate falls back to its table meanwhile)."""
+        self._k_open = _Slow(self.s.estimate_tau_s)
+        self.k_open = self.k_open_saved = None
+        self._k_restored = False
+        self._k_own = 0
 
     def _fallback(self, rack_power_w: float | None) -> float:
         """No estimate: 90 % of the power when the cap engaged, then held (never 90 % of an

@@ -267,10 +267,12 @@ class ValveyCore:
 
     def reset_learned(self) -> None:
         """Forget what was learned of the plant (valve strokes, the feedforward map, accepted
-        commissioning gains): back to the configured cold-start values, bumplessly."""
+        commissioning gains, liquid fraction, exchanger): the cold-start values (the map and
+        gains bumplessly)."""
         self.valves.reset_learned()
         self.ff.reset_map()
         self.commissioning.reset(self)
+        self.capacity.forget_learned()
 
     def reset_leak(self, now: float, *, reopen: bool) -> None:
         """Operator: clear the latched leak response (and reopen the isolation valves).
@@ -709,6 +711,7 @@ class ValveyCore:
             # the exchanger as measured (valve open), rack W per K of approach: racky's derate
             "capacity_w_per_k": None if self._cap is None or self._cap.open_w_per_k is None
             else round(self._cap.open_w_per_k, -1) + 0.0,
+            "capacity_w_per_k_source": self.capacity.k_open_source,
             "pv_status": ls.pv_status,
             "pv_age_s": r(age, 2),  # since the last usable reading
             "valve_command_pct": r(ls.command_pct, 2),
@@ -746,7 +749,8 @@ class ValveyCore:
             "capacity_estimate_w": None if cap is None or cap.capacity_w is None
             else round(cap.capacity_w, -2),
             "liquid_fraction": round(self.capacity.liquid.value, 4),
-            "liquid_fraction_learned": self.capacity.liquid.learned,
+            "liquid_fraction_learned": self.capacity.liquid.source != "configured",
+            "liquid_fraction_source": self.capacity.liquid.source,
             "requests": self.requests.state(),
             "actuators": self.actuators(),
         }

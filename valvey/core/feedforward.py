@@ -252,7 +252,7 @@ class DynamicFeedforward:
 
         ``liquid_fraction`` (0-1): the share of the rack power reaching the liquid, which turns
         the heat_removed source [kW] into rack power; the caller passes the one it learned
-        (`valvey.core.capacity.LiquidFraction`); ``settings.liquid_fraction``, when set,
+        (`valvey.core.liquid_fraction.LiquidFraction`); ``settings.liquid_fraction``, when set,
         overrides it. Outside (0, 1.05] it is not used (1.0 then).
 
         ``rack_power``: the rack's power sample [W], or on a row CDU one sample (or None)
