@@ -23,13 +23,17 @@ trace (CSV) and the summary (JSON, Markdown) into the run folder.
 ``--racks N`` (N = 2..4) runs a row: N racks side by side on the one broker (README's rack
 ``r12`` and ``r13``, ``r14``, ``r15``), each its own simulator, valvey and racky (per-rack
 identity, ports, folder ``<run>/<rack>/``) and its share of the scripted faults
-(`harness.demo.racks`); a live line per rack and the row's power against its limit, each
-rack's summary, checklist and plot, and the row's item and plot (`harness.demo.row`; a row
-without rlc: static budgets).
+(`harness.demo.racks`); every second rack (r13, r15) runs S2's agentic bursts with demo timing
+(config/scenarios/demo-agentic-bursts.toml) instead of the load step, scored by its own item
+(`harness.demo.bursts`: RMS and max |error| over a window its faults do not touch); a live
+line per rack (with its load pattern) and the row's power against its limit, each rack's
+summary, checklist and plot, and the row's item and plot (`harness.demo.row`; a row without
+rlc: static budgets).
 """
 
 from __future__ import annotations
 
+from harness.demo.bursts import burst_figures
 from harness.demo.checklist import CheckItem, checklist
 from harness.demo.procs import (
     BROKER_PROBE_S,
@@ -79,6 +83,7 @@ __all__ = [
     "Recorder",
     "RowSummary",
     "alarm_note",
+    "burst_figures",
     "checklist",
     "control_mode_from_states",
     "count_spooled",

@@ -5,6 +5,10 @@ Items (`checklist`):
 
 * each load step: back within ±0.5 K (`BAND_K`) inside its scoring window (the step figures,
   `harness.demo.summary.summarise`, windows cut at the next scripted fault);
+* agentic bursts (a rack whose load is agentic: the row's burst rack): valvey's PV held
+  within S2's targets, RMS error <= `BURST_RMS_K` and max |error| <= `BURST_MAX_K`, over the
+  burst window (`harness.demo.bursts.burst_figures`, cut at the first scripted fault in it),
+  the plant truth's figures beside them;
 * each ``pump_trip`` fault: valvey raised ``pump_failover`` after the trip (its other pump
   alarms named beside it), and its ``state/pumps`` shows another pump as duty with its
   running bit on; the takeover time is the first such state after the trip;
@@ -22,10 +26,11 @@ An item that did not happen is unchecked and says what was seen instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from harness.demo.bursts import BURST_MAX_K, BURST_MIN_WINDOW_S, BURST_RMS_K, is_burst_load
 from rackplane.core.names import alarm_id
 from sims.scenario import FaultSpec, Scenario
 
@@ -102,6 +107,39 @@ def _step_items(steps: Sequence[dict[str, Any]]) -> list[CheckItem]:
             out.append(CheckItem(label, True, f"max |error| {err:.2f} K, back within the band "
                                               f"after {settle:.0f} s ({window})"))
     return out
+
+
+def _burst_item(b: Mapping[str, Any] | None, end_t: float) -> CheckItem:
+    """S2's targets on valvey's PV over the burst window (``b``: `burst_figures`' dict)."""
+    if b is None:
+        return CheckItem(f"agentic bursts held: supply RMS error <= {BURST_RMS_K:g} K and max "
+                         f"|error| <= {BURST_MAX_K:g} K", False, "no burst figures for the run")
+    t0, t1 = b["t0_s"], b["t1_s"]
+    label = (f"agentic bursts held: supply RMS error <= {BURST_RMS_K:g} K and max |error| <= "
+             f"{BURST_MAX_K:g} K over t = {t0:g}-{max(t1, t0):.0f} s")
+    cut = f"; the window ends at the {b['cut_by']}" if b.get("cut_by") else ""
+    pv, tr = b.get("valvey_pv"), b.get("plant_truth")
+    if t1 - t0 < BURST_MIN_WINDOW_S:
+        return CheckItem(label, False, f"not scored: the window is {max(t1 - t0, 0):.0f} s, "
+                                       f"under {BURST_MIN_WINDOW_S:g} s (the run ended at t = "
+                                       f"{end_t:.0f} s{cut})")
+    if not pv:
+        return CheckItem(label, False, f"no valvey state in the window{cut}")
+    rms, mx = pv["rms_error_k"], pv["max_abs_error_k"]
+    truth = ("no plant truth in the window" if not tr else
+             f"plant truth RMS {tr['rms_error_k']:.2f} K, max |error| "
+             f"{tr['max_abs_error_k']:.2f} K")
+    ld = b.get("load")
+    load = "" if not ld else (f"; rack load {ld['p5_w'] / 1000:.0f}-{ld['p95_w'] / 1000:.0f} kW "
+                              f"p5-p95, max {ld['max_w'] / 1000:.0f} kW, largest rise "
+                              f"{ld['largest_rise_w'] / 1000:.0f} kW")
+    seen = (f"valvey's PV RMS {rms:.2f} K, max |error| {mx:.2f} K at t = "
+            f"{pv['t_max_error_s']:.0f} s ({pv['samples']} states); {truth}{load}{cut}")
+    missed = [x for x, bad in ((f"RMS above {BURST_RMS_K:g} K", rms > BURST_RMS_K),
+                               (f"max |error| above {BURST_MAX_K:g} K", mx > BURST_MAX_K)) if bad]
+    if missed:
+        return CheckItem(label, False, f"not met ({' and '.join(missed)}): {seen}")
+    return CheckItem(label, True, f"held: {seen}")
 
 
 def _pump_trip_item(rec: Any, f: FaultSpec, end_t: float) -> CheckItem:
@@ -198,12 +236,16 @@ def _unexpected_item(rec: Any, sc: Scenario) -> CheckItem:
     return CheckItem(label, True, f"{len(raised)} alarm(s) raised, each by a scripted fault")
 
 
-def checklist(sc: Scenario, rec: Any, steps: Sequence[dict[str, Any]], end_t: float
-              ) -> list[CheckItem]:
+def checklist(sc: Scenario, rec: Any, steps: Sequence[dict[str, Any]], end_t: float,
+              bursts: Mapping[str, Any] | None = None) -> list[CheckItem]:
     """The checklist of a run (see the module docstring); ``rec`` is the run's
     `harness.demo.record.Recorder`, ``steps`` `harness.demo.summary.summarise`'s rows,
-    ``end_t`` the last plant time seen, s."""
+    ``end_t`` the last plant time seen, s; ``bursts`` `harness.demo.bursts.burst_figures`'
+    dict (its item is there whenever ``sc``'s load is agentic bursts: unchecked without
+    figures)."""
     items = _step_items(steps)
+    if is_burst_load(sc):
+        items.append(_burst_item(bursts, end_t))
     for f in sc.faults:
         if f.kind == "pump_trip":
             items.append(_pump_trip_item(rec, f, end_t))

@@ -5,7 +5,10 @@ identity, all on one broker; each rack's records (`Recorder`) and summary (`Demo
 One rack (``rackctl demo``) keeps the run folder's layout of before (its files in the run
 folder itself); with ``--racks N`` (N >= 2) each rack has its folder ``<run>/<rack>/`` and
 its own scenario file there: the demo's scenario with its share of the scripted faults
-(`split_faults`) and its own seed."""
+(`split_faults`) and its own seed. In a row of the demo's scenario every second rack (r13,
+r15) runs the agentic burst load instead of the load step (`ROW_LOADS`:
+config/scenarios/demo-agentic-bursts.toml, same duration and plant), with its share of the
+faults all the same."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from harness.demo.bursts import burst_figures
 from harness.demo.checklist import checklist
 from harness.demo.procs import (
     DEMO_RACK,
@@ -36,6 +40,7 @@ from harness.demo.summary import (
     command_lists,
     count_spooled,
     ff_source_share,
+    load_pattern,
     racky_summary,
     summarise,
     summary_markdown,
@@ -44,10 +49,14 @@ from harness.demo.summary import (
 from harness.servers import free_port
 from sims.scenario import FaultSpec, Scenario, load_scenario
 
-__all__ = ["MAX_RACKS", "DemoRack", "finish_rack", "plan_racks", "split_faults",
-           "start_daemons", "start_sim", "stop_rack", "write_trace"]
+__all__ = ["MAX_RACKS", "ROW_LOADS", "DemoRack", "finish_rack", "plan_racks", "rack_scenarios",
+           "split_faults", "start_daemons", "start_sim", "stop_rack", "write_trace"]
 
 MAX_RACKS = len(RACK_NAMES)
+ROW_LOADS: dict[str, str] = {"demo-load-step": "demo-agentic-bursts"}
+"""A row's scenario -> the bundled scenario every second rack of the row (r13, r15) runs
+instead: the demo's load step alternates with S2's agentic bursts (issue 20), so the row
+shows both patterns. A row of any other scenario runs it on every rack."""
 
 
 @dataclass
@@ -95,13 +104,42 @@ def split_faults(faults: Sequence[FaultSpec], n_racks: int) -> list[list[FaultSp
     return out
 
 
+def rack_scenarios(sc: Scenario, n_racks: int) -> list[Scenario]:
+    """The scenario each rack of a row of ``n_racks`` runs (N >= 2), before its faults are
+    dealt: ``sc`` (seed + rack index), every second rack `ROW_LOADS`' alternate for ``sc``
+    when there is one (its own seed + the burst rack's count before it: r13 runs the file's
+    seed, r15 the next).
+
+    Raises:
+        ValueError: ``n_racks`` < 2, or the alternate's duration differs from ``sc``'s (the
+            racks of a row run together).
+        ConfigError: the alternate does not load.
+    """
+    if n_racks < 2:
+        raise ValueError(f"a row has 2 racks or more, not {n_racks}")
+    other_name = ROW_LOADS.get(sc.name)
+    other = load_scenario(other_name) if other_name else None
+    if other is not None and other.duration_s != sc.duration_s:
+        raise ValueError(f"{other.name} lasts {other.duration_s:g} s, {sc.name} "
+                         f"{sc.duration_s:g} s: a row's racks must run as long")
+    out = []
+    for i in range(n_racks):
+        if other is not None and i % 2 == 1:
+            out.append(other.model_copy(update={"seed": other.seed + i // 2}))
+        else:
+            out.append(sc.model_copy(update={"seed": sc.seed + i}))
+    return out
+
+
 def plan_racks(n_racks: int, scenario_ref: str, sc: Scenario, run_dir: Path,
                budget_w: float) -> list[DemoRack]:
     """The demo's racks (`RACK_NAMES`' first ``n_racks``), their folders made and, for
-    N >= 2, each one's scenario file written (its faults, seed + rack index).
+    N >= 2, each one's scenario file written: `rack_scenarios`' (the load step or, every
+    second rack of the demo's row, the agentic bursts) with the rack's share of ``sc``'s
+    faults (`split_faults`).
 
     Raises:
-        ValueError: ``n_racks`` outside 1..`MAX_RACKS`.
+        ValueError: ``n_racks`` outside 1..`MAX_RACKS`; see `rack_scenarios`.
         ConfigError: a rack's scenario does not load back (a bug here).
     """
     if not 1 <= n_racks <= MAX_RACKS:
@@ -110,18 +148,18 @@ def plan_racks(n_racks: int, scenario_ref: str, sc: Scenario, run_dir: Path,
         return [DemoRack(DEMO_RACK, run_dir, sc, scenario_ref, free_port(), free_port(),
                          budget_w)]
     racks = []
-    for i, (name, faults) in enumerate(zip(RACK_NAMES, split_faults(sc.faults, n_racks),
-                                           strict=False)):
+    for name, base, faults in zip(RACK_NAMES, rack_scenarios(sc, n_racks),
+                                  split_faults(sc.faults, n_racks), strict=False):
         d = run_dir / name
         d.mkdir(parents=True, exist_ok=True)
         what = "; ".join(f"{f.kind} {f.target()} at t={f.at_s:g} s" for f in faults) or "none"
-        rsc = sc.model_copy(update={
-            "faults": faults, "seed": sc.seed + i,
-            "description": f"{sc.description.split(';', 1)[0]}; rack {name}'s scripted "
+        rsc = base.model_copy(update={
+            "faults": faults,
+            "description": f"{base.description.split(';', 1)[0]}; rack {name}'s scripted "
                            f"faults: {what}"})
         path = d / f"scenario-{name}.toml"
         write_toml(path, rsc.model_dump(mode="json", exclude_none=True),
-                   f"{sc.name} for rack {name} (its share of the faults)")
+                   f"{base.name} for rack {name} (its share of the faults)")
         racks.append(DemoRack(name, d, load_scenario(path), str(path), free_port(),
                               free_port(), budget_w))
     return racks
@@ -180,17 +218,18 @@ def write_trace(path: Path, rec: Recorder) -> None:
 
 def finish_rack(rack: DemoRack, console: Console, broker_problem: str | None,
                 n_racks: int = 1) -> DemoSummary:
-    """The rack's summary from its records: the step figures, the checklist, the trace, the
-    plot (``demo.png``, or ``demo-<rack>.png`` in a row) and summary.json/.md in its
-    folder."""
+    """The rack's summary from its records: the step figures (a burst rack: its burst
+    figures), the checklist, the trace, the plot (``demo.png``, or ``demo-<rack>.png`` in a
+    row) and summary.json/.md in its folder."""
     rec, sc, end_t = rack.rec, rack.scenario, rack.end_t()
     steps = summarise(sc, rec, end_t)
+    bursts = burst_figures(sc, rec, end_t)
     trace_csv = rack.dir / "trace.csv"
     write_trace(trace_csv, rec)
     plot: Path | None = rack.dir / ("demo.png" if n_racks == 1 else f"demo-{rack.name}.png")
     try:
         assert plot is not None
-        write_plot(plot, sc, rec, rack=None if n_racks == 1 else rack.name)
+        write_plot(plot, sc, rec, rack=None if n_racks == 1 else rack.name, bursts=bursts)
     except Exception as err:  # a plot problem must not lose the summary
         console.print(f"[yellow]plot not written ({rack.name}): {err}[/]")
         plot = None
@@ -217,8 +256,10 @@ def finish_rack(rack: DemoRack, console: Console, broker_problem: str | None,
         ff_source_share=ff_source_share(rec.loop),
         racky=rsum,
         **command_lists(rec),
-        checklist=[c.as_dict() for c in checklist(sc, rec, steps, end_t)],
+        checklist=[c.as_dict() for c in checklist(sc, rec, steps, end_t, bursts)],
         rack=rack.name,
+        load=load_pattern(sc),
+        bursts=bursts,
     )
     (rack.dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
     (rack.dir / "summary.md").write_text(summary_markdown(summary))

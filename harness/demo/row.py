@@ -15,7 +15,7 @@ estimated from when its plant telemetry arrived, `Recorder.plant_t0_mono`).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,13 +213,15 @@ def _kw(w: Any) -> str:
 
 
 def row_view(recs: Sequence[tuple[str, Recorder]], limit_w: float, elapsed: float,
-             total: float, broker: str, faults: str) -> Group:
-    """The live view of a row: a line per rack, the row's power against its limit, the
-    latest alarms and actions of all racks (row time)."""
+             total: float, broker: str, faults: str,
+             loads: Mapping[str, str] | None = None) -> Group:
+    """The live view of a row: a line per rack (with its load pattern when ``loads``, rack ->
+    pattern, is given), the row's power against its limit, the latest alarms and actions of
+    all racks (row time)."""
     tbl = Table(show_header=True, header_style="bold", expand=False, box=box.SIMPLE_HEAD,
                 pad_edge=False)
-    for col in ("rack", "plant s", "load kW", "err K", "valve %", "power/budget kW",
-                "lifecycle", "pump", "daemons"):
+    for col in ("rack", *(("pattern",) if loads else ()), "plant s", "load kW", "err K",
+                "valve %", "power/budget kW", "lifecycle", "pump", "daemons"):
         tbl.add_column(col, no_wrap=True)
     alarms = Text("active alarms:")
     for name, rec in recs:
@@ -231,7 +233,8 @@ def row_view(recs: Sequence[tuple[str, Recorder]], limit_w: float, elapsed: floa
         lc = (rec.rack.get("lifecycle") or {}).get("state", "—")
         up = rec.valvey_status == "online" and rec.racky_status == "online"
         tbl.add_row(
-            name, "—" if not p else f"{float(p['t_s']):.0f}",
+            name, *((loads.get(name, "—"),) if loads else ()),
+            "—" if not p else f"{float(p['t_s']):.0f}",
             _kw(p.get("rack_power_w")),
             Text("—" if err is None else f"{err:+.2f}",
                  style="green" if err is not None and abs(err) <= BAND_K else "yellow"),
@@ -309,12 +312,14 @@ def _check_lines(items: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def rack_lines(s: RowSummary) -> list[str]:
-    """A line per rack: its checklist items checked, its lifecycle, its alarms raised."""
+    """A line per rack: its load pattern (when known), its checklist items checked, its
+    lifecycle, its alarms raised."""
     out = []
     for r in s.racks:
         ok = sum(1 for c in r.checklist if c["ok"])
         raised = [a.split(" ")[2] for a in r.alarms_raised if " raised" in a]
-        out.append(f"{r.rack}: {ok}/{len(r.checklist)} checklist items checked; lifecycle "
+        out.append(f"{r.rack}{f' ({r.load})' if r.load else ''}: {ok}/{len(r.checklist)} "
+                   f"checklist items checked; lifecycle "
                    f"{r.racky.lifecycle if r.racky else '—'}; alarms raised: "
                    f"{', '.join(raised) or 'none'}")
     return out

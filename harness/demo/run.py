@@ -242,7 +242,8 @@ async def run_demo(
     def view(elapsed: float, state: str) -> Group:
         if len(row) == 1:
             return _view(sc, row[0].rec, elapsed, total, state)
-        return row_view(recs, row_limit_w, elapsed, total, state, f"scripted faults: {faults}")
+        return row_view(recs, row_limit_w, elapsed, total, state, f"scripted faults: {faults}",
+                        loads={r.name: r.scenario.load.kind for r in row})
 
     try:
         for rack in row:

@@ -1,4 +1,5 @@
-"""The demo's summary: step figures, racky's lines, the plot, Markdown and console output.
+"""The demo's summary: step figures (a burst rack: its burst figures, `harness.demo.bursts`),
+racky's lines, the plot, Markdown and console output.
 
 Every figure is computed from what the run recorded (`harness.demo.record.Recorder`)."""
 
@@ -13,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from harness.demo.bursts import BURST_MAX_K, BURST_RMS_K, is_burst_load
 from harness.demo.procs import DEMO_RACK
 from harness.demo.record import Recorder
 from sims.metrics import StepMetrics, step_metrics
@@ -24,6 +26,7 @@ __all__ = [
     "RackySummary",
     "command_lists",
     "count_spooled",
+    "load_pattern",
     "print_summary",
     "racky_summary",
     "scoring_windows",
@@ -91,6 +94,10 @@ class DemoSummary:
     """`harness.demo.checklist.CheckItem` s as dicts (label, ok, detail): what the run showed."""
     rack: str = DEMO_RACK
     """The rack these figures are of (its racky's and valvey's identity)."""
+    load: str = ""
+    """The rack's load pattern (`load_pattern`: ``load step``, ``agentic bursts``, ...)."""
+    bursts: dict[str, Any] | None = None
+    """A burst rack's figures (`harness.demo.bursts.burst_figures`); None for other loads."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,9 +147,23 @@ def racky_summary(rec: Recorder) -> RackySummary | None:
         limit_source=rec.rack.get("limit_source"), over_limit_s=float(over))
 
 
+LOAD_PATTERNS = {"step": "load step", "timeline": "load timeline", "agentic": "agentic bursts",
+                 "training": "training swings", "constant": "constant load", "idle": "idle",
+                 "burn_in": "burn-in"}
+"""How the demo names a scenario's load kind (the live view, the summary)."""
+
+
+def load_pattern(sc: Scenario) -> str:
+    """The load pattern of ``sc`` in words (`LOAD_PATTERNS`; an unknown kind as itself)."""
+    return LOAD_PATTERNS.get(sc.load.kind, sc.load.kind)
+
+
 def _steps(sc: Scenario) -> list[tuple[str, float, float | None]]:
-    """(label, t0, t1) of the disturbances to score, from the scenario's load timeline."""
+    """(label, t0, t1) of the disturbances to score, from the scenario's load timeline (none
+    for agentic bursts: their figures are `harness.demo.bursts.burst_figures`)."""
     ld = sc.load
+    if is_burst_load(sc):
+        return []
     if ld.kind == "step" and ld.step_at_s is not None:
         out = [("load step up", ld.step_at_s, ld.back_at_s)]
         if ld.back_at_s is not None:
@@ -193,9 +214,12 @@ def summarise(sc: Scenario, rec: Recorder, end_t: float) -> list[dict[str, Any]]
     return out
 
 
-def write_plot(path: Path, sc: Scenario, rec: Recorder, rack: str | None = None) -> None:
+def write_plot(path: Path, sc: Scenario, rec: Recorder, rack: str | None = None,
+               bursts: dict[str, Any] | None = None) -> None:
     """Supply temperature, valve and load (plant truth and racky's rack power) over plant
-    time, the scripted faults marked (PNG); ``rack`` named in the title when given."""
+    time, the scripted faults marked (PNG); ``rack`` named in the title when given; a burst
+    rack's window (``bursts``: `harness.demo.bursts.burst_figures`) shaded, its figures on
+    the temperature axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,6 +254,11 @@ def write_plot(path: Path, sc: Scenario, rec: Recorder, rack: str | None = None)
             a.axvline(f.at_s, color="tab:purple", ls="--", lw=0.8)
         ax[0].annotate(f"{f.kind} {f.target()}", (f.at_s, 1.0), xycoords=("data", "axes fraction"),
                        fontsize=7, color="tab:purple", rotation=90, va="top", ha="right")
+    if bursts and bursts["t1_s"] > bursts["t0_s"]:
+        for a in ax:
+            a.axvspan(bursts["t0_s"], bursts["t1_s"], color="tab:gray", alpha=0.08)
+        ax[0].annotate(_bursts_caption(bursts), (0.01, 0.03), xycoords="axes fraction",
+                       fontsize=8, va="bottom")
     ax[2].set_ylabel("kW")
     ax[2].set_xlabel("plant time, s")
     ax[2].legend(loc="lower right", fontsize=8)
@@ -238,6 +267,45 @@ def write_plot(path: Path, sc: Scenario, rec: Recorder, rack: str | None = None)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _bursts_caption(b: dict[str, Any]) -> str:
+    pv, tr = b.get("valvey_pv"), b.get("plant_truth")
+    head = f"bursts scored over t = {b['t0_s']:g}-{b['t1_s']:.0f} s (shaded)"
+    if not pv:
+        return f"{head}: no valvey state"
+    truth = "" if not tr else (f"; plant truth RMS {tr['rms_error_k']:.2f} K, max "
+                               f"{tr['max_abs_error_k']:.2f} K")
+    return (f"{head}: valvey's PV RMS {pv['rms_error_k']:.2f} K, max |error| "
+            f"{pv['max_abs_error_k']:.2f} K{truth}")
+
+
+def _bursts_cells(b: dict[str, Any]) -> list[str]:
+    """A burst rack's row: window, RMS and max |error| (valvey's PV / plant truth), the rack
+    load the bursts drew, valve moves."""
+    pv, tr, ld, va = b.get("valvey_pv"), b.get("plant_truth"), b.get("load"), b.get("valve")
+
+    def pair(key: str) -> str:
+        if not pv:
+            return "—"
+        return f"{pv[key]:.2f} / {tr[key]:.2f} K" if tr else f"{pv[key]:.2f} / — K"
+
+    window = f"t = {b['t0_s']:g}-{max(b['t1_s'], b['t0_s']):.0f} s" + (
+        f" (to the {b['cut_by']})" if b.get("cut_by") else "")
+    load = "—" if not ld else (f"{ld['p5_w'] / 1000:.0f}-{ld['p95_w'] / 1000:.0f} kW (max "
+                               f"{ld['max_w'] / 1000:.0f}, largest rise "
+                               f"{ld['largest_rise_w'] / 1000:.0f} kW)")
+    valve = "—" if not va else (f"{va['moves']} in {va['periods']} periods "
+                                f"({va['active_fraction']:.0%} active), travel "
+                                f"{va['travel_pct']:.0f} % (≈ {va['strokes_per_h']:.0f} "
+                                "strokes/h)")
+    return [window, pair("rms_error_k"), pair("max_abs_error_k"), load, valve]
+
+
+_BURSTS_COLUMNS = ("agentic bursts: window", f"RMS error (valvey's PV / plant truth; S2 ≤ "
+                  f"{BURST_RMS_K:g} K)", f"max |error| (valvey's PV / plant truth; S2 ≤ "
+                  f"{BURST_MAX_K:g} K)", "rack load p5-p95", "valve moves")
+"""The columns of a burst rack's row (`_bursts_cells`)."""
 
 
 def _settle(m: dict[str, Any] | None, never: str) -> str:
@@ -319,10 +387,14 @@ def summary_markdown(s: DemoSummary) -> str:
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d')}):",
         "",
-        "| disturbance | max \\|error\\| (valvey's PV) | back within ±0.5 K after | "
-        "max \\|error\\| (plant truth) |",
-        "|---|---|---|---|",
     ]
+    if s.bursts is not None:
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _BURSTS_COLUMNS) + " |",
+                  "|---|---|---|---|---|",
+                  "| " + " | ".join(_bursts_cells(s.bursts)) + " |"]
+    if s.steps or s.bursts is None:
+        lines += ["| disturbance | max \\|error\\| (valvey's PV) | back within ±0.5 K after | "
+                  "max \\|error\\| (plant truth) |", "|---|---|---|---|"]
     for st in s.steps:
         pv, tr = st.get("valvey_pv"), st.get("plant_truth")
         if not (pv and tr):
@@ -352,12 +424,31 @@ def summary_markdown(s: DemoSummary) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _print_bursts(s: DemoSummary, console: Console) -> None:
+    """A burst rack's figures: the errors (valvey's PV and plant truth) in a table, the rack
+    load and the valve moves under it."""
+    assert s.bursts is not None
+    window, _, _, load, valve = _bursts_cells(s.bursts)
+    pv, tr = s.bursts.get("valvey_pv"), s.bursts.get("plant_truth")
+    t = Table(title=f"demo summary: {s.scenario}, {s.duration_s:g} s of plant time")
+    for col in (f"agentic bursts, {window}", "valvey's PV", "plant truth"):
+        t.add_column(col)
+    for label, key in ((f"RMS error (S2 ≤ {BURST_RMS_K:g} K)", "rms_error_k"),
+                       (f"max |error| (S2 ≤ {BURST_MAX_K:g} K)", "max_abs_error_k")):
+        t.add_row(label, f"{pv[key]:.2f} K" if pv else "—", f"{tr[key]:.2f} K" if tr else "—")
+    console.print(t)
+    console.print(f"rack load over the window (plant truth, p5-p95): {load}; valve moves "
+                  f"(valvey's command): {valve}", markup=False, highlight=False, soft_wrap=True)
+
+
 def print_summary(s: DemoSummary, console: Console) -> None:
     """The end-of-run summary, every figure computed from the run."""
     if s.broker_problem:
         console.print(f"broker: {s.broker_problem} (during the run; the figures below miss "
                       "what did not arrive)", style="red", markup=False, highlight=False)
-    if not s.steps:
+    if s.bursts is not None:
+        _print_bursts(s, console)
+    elif not s.steps:
         console.print(
             f"No load step fell inside this {s.duration_s:g} s run, so there is no step "
             "response to score; run longer (the demo's scenario steps at t = 40 s: "
@@ -379,7 +470,8 @@ def print_summary(s: DemoSummary, console: Console) -> None:
             _settle(pv, "never left the band"),
             f"{tr['max_abs_error_k']:.2f} K" if tr else "—",
         )
-    console.print(t)
+    if s.steps or s.bursts is None:
+        console.print(t)
 
     def say(text: str) -> None:
         console.print(text, markup=False, highlight=False)

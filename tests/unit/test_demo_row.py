@@ -36,12 +36,15 @@ def test_each_rack_gets_its_scenario_file_with_its_faults_its_seed_and_the_same_
     assert [r.name for r in racks] == ["r12", "r13"]  # README's rack r12, then its neighbour
     assert [r.dir for r in racks] == [tmp_path / "r12", tmp_path / "r13"]
     assert len({r.modbus_port for r in racks} | {r.shelf_port for r in racks}) == 4
-    for i, r in enumerate(racks):
+    for r in racks:
         assert r.scenario_ref == str(tmp_path / r.name / f"scenario-{r.name}.toml")
-        assert r.scenario.seed == SC.seed + i
-        # the rack's file, loaded back, is the demo's scenario but for faults and seed
-        keep = {"faults", "seed", "description"}
-        assert r.scenario.model_dump(exclude=keep) == SC.model_dump(exclude=keep)
+    # r12's file, loaded back, is the demo's scenario but for its faults; r13 runs the agentic
+    # bursts instead of the load step (tests/unit/test_demo_bursts.py), on the same plant
+    keep = {"faults", "description"}
+    assert racks[0].scenario.model_dump(exclude=keep) == SC.model_dump(exclude=keep)
+    assert racks[1].scenario.name == "demo-agentic-bursts"
+    assert racks[1].scenario.plant == SC.plant
+    assert racks[1].scenario.duration_s == SC.duration_s
     assert [f.kind for f in racks[1].scenario.faults] == ["pump_trip"]
     assert racks[1].scenario.faults[0] == SC.faults[1]
     (one,) = plan_racks(1, "demo-load-step", SC, tmp_path, 140_000.0)
