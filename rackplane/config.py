@@ -25,6 +25,7 @@ from rackplane.errors import ConfigError
 from rackplane.paths import is_in_state_directory
 
 __all__ = [
+    "EXAMPLE_VALUES_HOOK",
     "UNSET",
     "M",
     "StrictModel",
@@ -311,14 +312,26 @@ def toml_value(v: Any) -> str | None:
     return json.dumps(str(v))
 
 
+EXAMPLE_VALUES_HOOK = "example_values"
+"""A config model with required top-level sections (no default: e.g. rlc's ``[topology]``)
+defines a classmethod of this name returning ``{section: example value}``; `example_toml`
+writes those sections commented out, marked as examples to replace."""
+
+
 def example_toml(model: type[BaseModel], title: str) -> str:
     """A commented TOML file with every key of ``model``, its default and its description.
 
-    Keys whose default is None are written commented out. Generated from the models, so the
-    shipped examples cannot drift from the code (a test compares them).
+    Keys whose default is None are written commented out. A required top-level section (no
+    default) is written commented out from the model's example values (`EXAMPLE_VALUES_HOOK`),
+    under a line saying it is required and an example only: the file does not load until the
+    operator writes their own. Generated from the models, so the shipped examples cannot drift
+    from the code (a test compares them).
     """
     out = [f"# {title}", "# Generated from the config models: every key with its default.", ""]
-    instance = model()
+    hook = getattr(model, EXAMPLE_VALUES_HOOK, None)
+    examples: dict[str, Any] = hook() if hook is not None else {}
+    instance = model.model_validate(examples)
+    required = [n for n, info in model.model_fields.items() if info.is_required()]
 
     def walk(m: BaseModel, prefix: str) -> None:
         scalars: list[str] = []
@@ -342,9 +355,23 @@ def example_toml(model: type[BaseModel], title: str) -> str:
         if scalars:
             out.append("")
         for name, sub in nested:
+            if not prefix and name in required:
+                continue  # written last, commented out (an example)
             walk(sub, f"{prefix}.{name}" if prefix else name)
 
     walk(instance, "")
+    for name in required:
+        sub = getattr(instance, name)
+        if not isinstance(sub, BaseModel):
+            continue
+        desc = (type(instance).model_fields[name].description or "").replace("\n", " ")
+        out.append(f"# [{name}] is REQUIRED (no default{': ' + desc if desc else ''}). What "
+                   "follows is an EXAMPLE only:")
+        out.append("# uncomment it and replace every value with your own; the daemon refuses "
+                   "a config without it.")
+        start = len(out)
+        walk(sub, name)
+        out[start:] = [f"# {line}" if line else "" for line in out[start:]]
     return "\n".join(out).rstrip() + "\n"
 
 
