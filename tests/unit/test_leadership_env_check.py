@@ -21,7 +21,7 @@ VAR = "RACKPLANE_TEST_UNSET_NATS_PW"
 RLC_TOPOLOGY = ('[topology]\nsite = "lab"\nhalls = {h1 = {feed_limit_w = 1e6, rows = {r1 = {'
                 'limit_w = 1e5, racks = {rack1 = {floor_w = 1e4, max_w = 5e4}}}}}}\n')
 LOADERS: list[tuple[str, Callable[[Path], Any], str]] = [
-    ("valvey", load_valvey_config, "[cdu]\nwatchdog_timeout_s = 30\n"),
+    ("valvey", load_valvey_config, "[cdu]\nport = 5020\nwatchdog_timeout_s = 30\n"),
     ("racky", load_racky_config, ""),
     ("rlc", load_rlc_config, RLC_TOPOLOGY),
 ]
@@ -29,7 +29,8 @@ LOADERS: list[tuple[str, Callable[[Path], Any], str]] = [
 
 def _write(tmp_path: Path, extra: str, body: str) -> Path:
     p = tmp_path / "c.toml"
-    p.write_text(f'{extra}[spool]\ndirectory = "{tmp_path / "spool"}"\n{body}')
+    p.write_text(f'{extra}[identity]\nsite = "lab"\nrack = "rack1"\n'
+                 f'[spool]\ndirectory = "{tmp_path / "spool"}"\n{body}')
     return p
 
 
