@@ -119,7 +119,7 @@ def _config(tmp: Path, inst: str, rack: str, modbus_port: int, mqtt_port: int,
             **control: Any) -> Path:
     return write_config(
         tmp / f"valvey-{inst}.toml",
-        identity={"rack": rack},
+        identity={"site": "lab", "rack": rack},
         cdu={"port": modbus_port, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0, **cdu},
         points={"controller_epoch": "controller_epoch"},
         mqtt={"port": mqtt_port, "reconnect_max_s": 1.0, "keepalive_s": 5},

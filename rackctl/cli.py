@@ -264,7 +264,7 @@ def _lockstep_valvey(scenario: str, config: Path | None) -> None:
 
     try:
         sc = load_scenario(scenario)
-        cfg, _ = load_valvey_config(config)
+        cfg = None if config is None else load_valvey_config(config)[0]  # None: the defaults
     except ConfigError as err:
         fail_config(err)
         return

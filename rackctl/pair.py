@@ -245,7 +245,7 @@ def handover(
     takes over bumplessly (verb handover, role operator; docs/OPERATIONS.md §6).
 
     Exit 0 released, 1 refused (e.g. unavailable: the KV store did not confirm, nothing
-    released; unknown_verb: a single instance), 2/3 as for cmd."""
+    released; not_paired: a single instance), 2/3 as for cmd."""
     from rackctl.client import (
         BrokerRefused,
         BrokerUnavailable,
@@ -303,11 +303,12 @@ def handover_message(daemon: str, reply: dict[str, Any]) -> str:
                 f"`rackctl pair {daemon}`.")
     err = reply.get("error") or {}
     code = err.get("code", "?")
-    if code == "unknown_verb":
-        # a single instance has no handover verb: its message lists every verb it has, which
-        # buries the point; say it in one line
-        return (f"{daemon}: handover refused: {daemon} runs as a single instance, there is no "
-                f"standby to hand over to (unknown_verb; `rackctl pair {daemon}` shows it)")
+    if code in ("not_paired", "unknown_verb"):
+        # not_paired: a single instance's refusal; unknown_verb: an older single instance
+        # (no handover verb: its message lists every verb it has, which buries the point)
+        return (f"{daemon}: handover refused: {daemon} runs as a single instance, not part of "
+                f"a redundant pair: there is no standby to hand over to ({code}; `rackctl "
+                f"pair {daemon}` shows it)")
     hint = {"unavailable": " (nothing was released; this instance stays active)",
             "not_active": " (this instance does not hold the lease)"}.get(code, "")
     return f"{daemon}: handover refused: {code}: {err.get('message', '')}{hint}"

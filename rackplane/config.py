@@ -16,6 +16,7 @@ import math
 import os
 import tomllib
 import types
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
@@ -25,16 +26,20 @@ from rackplane.errors import ConfigError
 from rackplane.paths import is_in_state_directory
 
 __all__ = [
+    "EXAMPLE_VALUES_HOOK",
     "UNSET",
     "M",
+    "RequiredCheck",
     "StrictModel",
     "check_environment",
     "check_state_file_dir",
     "check_writable_dir",
     "example_toml",
     "format_validation_error",
+    "identity_required",
     "load_config",
     "read_toml",
+    "require_keys",
     "secret_from_env",
     "toml_value",
     "validate_data",
@@ -218,15 +223,63 @@ def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"{p}: not valid TOML: {err}", path=str(p)) from None
 
 
-def load_config(model: type[M], path: str | os.PathLike[str] | None) -> M:
+RequiredCheck = Callable[[Mapping[str, Any]], list[str]]
+"""What a daemon cannot run without, judged on the config file's own keys (never on the
+models' defaults): raw TOML mapping -> problems (``<key path>: why``; empty: all there)."""
+
+
+def _has(data: Mapping[str, Any], path: str) -> bool:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def require_keys(data: Mapping[str, Any], keys: Mapping[str, str]) -> list[str]:
+    """``<key path>: <why>`` for each of ``keys`` (dotted path -> why it is needed) that the
+    file itself does not set (a model default does not count)."""
+    return [f"{k}: not set: {why}" for k, why in keys.items() if not _has(data, k)]
+
+
+def identity_required(daemon: str) -> dict[str, str]:
+    """The ``[identity]`` keys every rack daemon's file must set (`require_keys`): the
+    defaults (site lab, rack rack1) would put it on another rack's topics."""
+    return {"identity.site": f"the site this {daemon} runs in (topics and time series "
+                             "carry it; the default 'lab' is an example)",
+            "identity.rack": f"the rack this {daemon} runs for (the default 'rack1' is an "
+                             "example: two racks on it would share topics)"}
+
+
+def load_config(model: type[M], path: str | os.PathLike[str] | None,
+                required: RequiredCheck | None = None, example: str | None = None) -> M:
     """Load ``path`` (TOML) into ``model``; ``None`` gives the embedded defaults.
 
+    ``required`` (`RequiredCheck`) judges the file's own keys first: what a daemon cannot do
+    its job without (its identity, its inputs) must be written, not taken from a default;
+    ``example`` (a path such as ``config/racky.example.toml``) is named in that error.
+
     Raises:
-        ConfigError: file missing or unreadable, invalid TOML, or any validation failure.
+        ConfigError: file missing or unreadable, invalid TOML, a required part missing, or any
+            validation failure.
     """
-    if path is None:
-        return validate_data(model, {}, "<embedded defaults>")
-    return validate_data(model, read_toml(path), str(path), base_dir=Path(path).parent)
+    data = {} if path is None else read_toml(path)
+    source = "<embedded defaults>" if path is None else str(path)
+    base_dir = None if path is None else Path(path).parent
+    missing = required(data) if required is not None else []
+    if not missing:
+        return validate_data(model, data, source, base_dir=base_dir)
+    lines = [f"{source}: {m}" for m in missing]
+    see = f" (every key with an example: {example})" if example else ""
+    msg = (f"incomplete configuration in {source}{see}; the daemon cannot do its job "
+           "without:\n  " + "\n  ".join(lines))
+    try:  # every problem at once: the file's other errors too
+        validate_data(model, data, source, base_dir=base_dir)
+    except ConfigError as err:
+        lines += err.problems
+        msg += "\n" + str(err)
+    raise ConfigError(msg, path=source, problems=lines)
 
 
 def check_environment(checks: dict[str, str | None]) -> None:
@@ -311,14 +364,27 @@ def toml_value(v: Any) -> str | None:
     return json.dumps(str(v))
 
 
+EXAMPLE_VALUES_HOOK = "example_values"
+"""A config model with required top-level sections (no default: e.g. rlc's ``[topology]``), or
+with sections whose defaults leave out what the daemon needs (a tray agent's trays), defines a
+classmethod of this name returning ``{section: example value}``; `example_toml` writes a
+required section commented out, another uncommented, each marked as an example to replace."""
+
+
 def example_toml(model: type[BaseModel], title: str) -> str:
     """A commented TOML file with every key of ``model``, its default and its description.
 
-    Keys whose default is None are written commented out. Generated from the models, so the
-    shipped examples cannot drift from the code (a test compares them).
+    Keys whose default is None are written commented out. A required top-level section (no
+    default) is written commented out from the model's example values (`EXAMPLE_VALUES_HOOK`),
+    under a line saying it is required and an example only: the file does not load until the
+    operator writes their own. Generated from the models, so the shipped examples cannot drift
+    from the code (a test compares them).
     """
     out = [f"# {title}", "# Generated from the config models: every key with its default.", ""]
-    instance = model()
+    hook = getattr(model, EXAMPLE_VALUES_HOOK, None)
+    examples: dict[str, Any] = hook() if hook is not None else {}
+    instance = model.model_validate(examples)
+    required = [n for n, info in model.model_fields.items() if info.is_required()]
 
     def walk(m: BaseModel, prefix: str) -> None:
         scalars: list[str] = []
@@ -342,9 +408,26 @@ def example_toml(model: type[BaseModel], title: str) -> str:
         if scalars:
             out.append("")
         for name, sub in nested:
+            if not prefix and name in required:
+                continue  # written last, commented out (an example)
+            if not prefix and name in examples:
+                out.append(f"# [{name}] holds EXAMPLE values where the defaults have none the "
+                           "daemon can run on: replace them with your own")
             walk(sub, f"{prefix}.{name}" if prefix else name)
 
     walk(instance, "")
+    for name in required:
+        sub = getattr(instance, name)
+        if not isinstance(sub, BaseModel):
+            continue
+        desc = (type(instance).model_fields[name].description or "").replace("\n", " ")
+        out.append(f"# [{name}] is REQUIRED (no default{': ' + desc if desc else ''}). What "
+                   "follows is an EXAMPLE only:")
+        out.append("# uncomment it and replace every value with your own; the daemon refuses "
+                   "a config without it.")
+        start = len(out)
+        walk(sub, name)
+        out[start:] = [f"# {line}" if line else "" for line in out[start:]]
     return "\n".join(out).rstrip() + "\n"
 
 

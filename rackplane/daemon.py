@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypedDict, T
 
 from rackplane.clock import SYSTEM_CLOCK, Clock
 from rackplane.commands import CommandAudit, CommandRouter, LeaseGate
+from rackplane.core import pair_sync as pairs
 from rackplane.core.alarms import AlarmEngine
 from rackplane.core.effects import LogRecord, TsLine, alarm_event
 from rackplane.core.envelope import alarm_payload
@@ -279,11 +280,10 @@ class DaemonFrame(ABC, Generic[C]):
             max_ttl_s=c.lease_max_ttl_s))
         register(self.commands, self.leases)
         if self.pair_sync is not None:  # the standby ignores commands
-            from rackplane.core.pair_sync import HandoverArgs
-
             self.commands.accept = lambda: self.may_write(self.clock.monotonic())
-            self.commands.register("handover", HandoverArgs, self.pair_sync.handover,
-                                   role="operator")
+        self.commands.register("handover", pairs.HandoverArgs, role="operator", handler=(
+            pairs.unpaired_handover(self.daemon) if self.pair_sync is None  # not_paired
+            else self.pair_sync.handover))
         self.commands.attach()
 
     def _audit_command(self, audit: CommandAudit) -> None:

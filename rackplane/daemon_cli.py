@@ -1,10 +1,11 @@
 """The command line every daemon shares, built once from a `DaemonCli` description.
 
-Flags: ``--config/-c FILE`` (default: embedded defaults), ``--check-config`` (validate, print
-one summary line, exit 0; 2 when invalid), ``--dry-connect`` (the daemon's one-shot device
-read, exit 0 or 1), ``--print-default-config`` (every key with its default, as TOML),
-``--log-level`` and ``--log-format`` (default: the config's ``[log]``). Without any of them
-the daemon runs (`rackplane.io.service.run_daemon`) until SIGTERM. Exit codes: 0 ok,
+Flags: ``--config/-c FILE`` (default: embedded defaults, which every daemon refuses: they name
+no identity and no inputs, `rackplane.config.load_config`'s ``required``), ``--check-config``
+(validate, print one summary line, exit 0; 2 when invalid), ``--dry-connect`` (the daemon's
+one-shot device read, exit 0 or 1), ``--print-default-config`` (every key with its default,
+as TOML), ``--log-level`` and ``--log-format`` (default: the config's ``[log]``). Without any
+of them the daemon runs (`rackplane.io.service.run_daemon`) until SIGTERM. Exit codes: 0 ok,
 1 runtime failure, 2 invalid config (`rackplane.cli`).
 """
 

@@ -40,7 +40,13 @@ from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Unpack
 
-from rackplane.config import check_environment, check_writable_dir, load_config
+from rackplane.config import (
+    check_environment,
+    check_writable_dir,
+    identity_required,
+    load_config,
+    require_keys,
+)
 from rackplane.core.alarms import AlarmEvent
 from rackplane.core.budget_leases import PairTag
 from rackplane.core.envelope import alarm_payload
@@ -75,7 +81,7 @@ from racky.tick import RackyTick, TickEffects
 
 DAEMON = "racky"
 
-__all__ = ["DAEMON", "Racky", "load_racky_config", "shelf_target"]
+__all__ = ["DAEMON", "Racky", "input_warnings", "load_racky_config", "shelf_target"]
 
 
 def _check_shelf_points(key: str, regmap: RegisterMap, pts: ShelfPoints) -> list[str]:
@@ -96,15 +102,31 @@ def _check_shelf_points(key: str, regmap: RegisterMap, pts: ShelfPoints) -> list
     return problems
 
 
+def input_warnings(cfg: RackyConfig) -> list[str]:
+    """What is unusual in racky's inputs but not fatal (``--check-config`` prints it, the
+    daemon logs it at start): no power shelf configured and discovery off (the node agents
+    alone are read: racky can still cap the trays)."""
+    if cfg.power_shelves or cfg.discovery.enabled:
+        return []
+    return ["no power shelves: power_shelves is empty and discovery is off; racky reads no "
+            "rack power, PSU or AC status (no psu_*, shelf_*, capacity alarms; the rack power "
+            "is the trays' sum + node_agents.non_tray_power_w only while every tray reports): "
+            "configure [[power_shelves]] or enable [discovery]"]
+
+
 def load_racky_config(path: str | os.PathLike[str] | None) -> RackyConfig:
-    """Load the config and cross-check everything that would stop the daemon later: every
-    shelf's (and discovery's) register map loads and has the points racky reads, secrets are
-    set, TLS files exist, the spool, state-file and report directories are usable.
+    """Load the config and cross-check everything that would stop the daemon later: the file
+    names racky's identity (``identity.site``, ``identity.rack``: the defaults are examples,
+    `rackplane.config.identity_required`), every shelf's (and discovery's) register map loads
+    and has the points racky reads, secrets are set, TLS files exist, the spool, state-file and
+    report directories are usable.
 
     Raises:
         ConfigError: with the key path named.
     """
-    cfg = load_config(RackyConfig, path)
+    cfg = load_config(RackyConfig, path,
+                      required=lambda d: require_keys(d, identity_required("racky")),
+                      example="config/racky.example.toml")
     problems: list[str] = []
     targets = [(f"power_shelves[{i}]", s.register_map) for i, s in enumerate(cfg.power_shelves)]
     if cfg.discovery.enabled:

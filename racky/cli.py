@@ -16,7 +16,7 @@ from rackplane.core.samples import Sample
 from rackplane.daemon_cli import DaemonCli, daemon_app
 from rackplane.errors import ModbusError
 from rackplane.io.modbus import ModbusDevice
-from racky.app import Racky, load_racky_config, shelf_target
+from racky.app import Racky, input_warnings, load_racky_config, shelf_target
 from racky.config import RackyConfig, config_warnings
 from racky.persist import lifecycle_state_file
 
@@ -110,7 +110,7 @@ app = daemon_app(DaemonCli(
     dry_connect=_dry_connect,
     dry_connect_help="read every power shelf once (and probe the discovery range), print it, "
                      "and exit",
-    warnings=config_warnings,
+    warnings=lambda cfg: config_warnings(cfg) + input_warnings(cfg),
     build=lambda cfg, config: Racky(cfg, config_path=config),
 ))
 

@@ -64,6 +64,7 @@ from rackplane.commands import (
 from rackplane.config import StrictModel
 from rackplane.core import names
 from rackplane.core.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
+from rackplane.core.pair_sync import HandoverArgs
 from rackplane.errors import CommandError
 from rackplane.log import get_logger
 from rackplane.settings import Role
@@ -277,8 +278,11 @@ def racky_verb_args() -> dict[str, type[BaseModel]]:
 
 def racky_contract() -> DaemonContract:
     """racky's verbs and state models (``rackctl schemas``, docs/COMMANDS.md)."""
+    # ``handover``: registered by the frame (rackplane.daemon): one of a pair hands over, a
+    # single instance refuses it with not_paired
     return DaemonContract(
-        "racky", dict(_VERBS), {"rack_power": RackPowerState, "rack": RackState},
+        "racky", {**_VERBS, "handover": (HandoverArgs, "operator")},
+        {"rack_power": RackPowerState, "rack": RackState},
         "The rack power and infrastructure manager (racky/commands.py).",
     )
 

@@ -353,6 +353,16 @@ class CoolingSettings(StrictModel):
     flow_low_lpm: float | None = Field(
         None, gt=0, description="flow below this = cooling abnormal (None: not judged)"
     )
+    fault_alarms: list[str] = Field(
+        default_factory=lambda: [  # each names a kind of valvey/core/alarm_defs.py (a test)
+            "cdu_local_control", "pump_*_fault", "pump_failover", "pump_no_standby",
+            "pump_loop_failsafe", "valve_*_fault", "valve_no_spare", "flow_low",
+            "flow_low_interlock", "no_flow_power_down", "supply_temp_high_interlock",
+            "supply_temp_rising", "coolant_inventory_loss", "rack_isolated"], max_length=64,
+        description="valvey alarm ids (fnmatch patterns) that make the cooling abnormal while "
+        "valvey's state lists them active (its 'alarms'): a pump or valve fault, lost flow, "
+        "a loop in failsafe or local control, an isolated rack. Every active valvey alarm is "
+        "named in the overheat alarms' cooling text")
 
     @field_validator("plant_topic")
     @classmethod

@@ -214,6 +214,7 @@ class RackyTick:
         self.started_mono = started_mono
         self._request_n = 0
         self._cooling: dict[str, float | None] = {}
+        self._cooling_alarms: tuple[str, ...] | None = None  # valvey's active alarm ids
         self._plant: dict[str, float | None] = {}
         self._cooling_t: float | None = None
         self._plant_t: float | None = None
@@ -420,7 +421,8 @@ class RackyTick:
 
     def cooling_state(self, topic: str, payload: bytes, *, retain: bool, received_mono: float,
                       wall_ns: int) -> None:
-        """valvey's ``state/<state_thing>`` (supply temperature, setpoint, valve)."""
+        """valvey's ``state/<state_thing>`` (supply temperature, setpoint, valve, its active
+        alarm ids: ``alarms``, a list of strings; anything else there: not reported)."""
         d = self._json_object(topic, payload, "cooling_state")
         if d is None:
             return
@@ -432,6 +434,9 @@ class RackyTick:
             "valve_position_pct": _num(d, "valve_position_pct", "valve_command_pct"),
             "capacity_w_per_k": _num(d, "capacity_w_per_k"),
         })
+        al = d.get("alarms")
+        self._cooling_alarms = (tuple(a for a in al if isinstance(a, str))[:64]
+                                if isinstance(al, list) else None)
         self._cooling_t = self._arrival(retain, received_mono, wall_ns, d)
 
     def plant_telemetry(self, topic: str, payload: bytes, *, retain: bool,
@@ -522,7 +527,7 @@ class RackyTick:
             setpoint_c=c.get("setpoint_c"), flow_lpm=c.get("flow_lpm"),
             facility_supply_temp_c=c.get("facility_supply_temp_c"),
             valve_position_pct=c.get("valve_position_pct"),
-            capacity_w_per_k=c.get("capacity_w_per_k"),
+            capacity_w_per_k=c.get("capacity_w_per_k"), alarms=self._cooling_alarms,
         )
 
     # --- the tick ---------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from rackplane.commands import (
     NoArgs,
     register_bounded,
 )
+from rackplane.core.pair_sync import HandoverArgs
 from rackplane.errors import CommandError
 from rackplane.settings import Role
 from rlc.core.campaign_plan import CampaignPlan
@@ -93,7 +94,10 @@ def rlc_verb_args() -> dict[str, type[BaseModel]]:
 
 def rlc_contract() -> DaemonContract:
     """rlc's verbs and state models (``rackctl schemas``, docs/COMMANDS.md)."""
-    return DaemonContract("rlc", dict(_VERBS), {"campaign": CampaignStatus},
+    # ``handover``: registered by the frame (rackplane.daemon): one of a pair hands over, a
+    # single instance refuses it with not_paired
+    return DaemonContract("rlc", {**_VERBS, "handover": (HandoverArgs, "operator")},
+                          {"campaign": CampaignStatus},
                           "The fleet controller: validation campaigns (rlc/commands.py).")
 
 

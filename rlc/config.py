@@ -20,7 +20,8 @@ from rlc.core.campaign_size import DEFAULT_MAX_RECORD_BYTES
 from rlc.core.leases import LeaseTiming
 from rlc.core.topology import TopologySettings
 
-__all__ = ["CampaignSettings", "FleetKvSettings", "RlcConfig", "RlcControl", "default_topology"]
+__all__ = ["EXAMPLE_CONFIG", "CampaignSettings", "FleetKvSettings", "RlcConfig", "RlcControl",
+           "example_topology"]
 
 
 class RlcControl(StrictModel):
@@ -94,17 +95,38 @@ class CampaignSettings(StrictModel):
         "and a record above it is never written (rlc/core/campaign_size.py)")
 
 
-def default_topology() -> TopologySettings:
-    """The embedded example: one hall, one row of two racks, each with the shared default
-    floor (`rackplane.core.budget_leases.DEFAULT_RACK_FLOOR_W`, racky's ``[fleet] floor_w``
-    default), no configured cooling capacity (each rack's reported one applies: valvey's
-    measurement through racky)."""
+EXAMPLE_CONFIG = "config/rlc.example.toml"
+"""Where the shipped example (its ``[topology]`` commented out) is: errors point at it."""
+
+
+def example_topology() -> TopologySettings:
+    """An EXAMPLE only (never used as a default: rlc budgets only what the operator
+    configured): one hall, one row of two racks, each with the shared default floor
+    (`rackplane.core.budget_leases.DEFAULT_RACK_FLOOR_W`, racky's ``[fleet] floor_w``
+    default), no configured cooling capacity. ``rlc --print-default-config`` writes it
+    commented out; tests use it as a small fleet."""
     rack: dict[str, Any] = {"floor_w": DEFAULT_RACK_FLOOR_W, "max_w": 132_000.0,
                             "priority": "normal"}
     return TopologySettings.model_validate({
         "site": "lab", "halls": {"hall1": {"feed_limit_w": 400_000.0, "rows": {"row1": {
             "limit_w": 200_000.0, "ramp_w_per_s": 20_000.0,
             "racks": {"rack1": rack, "rack2": dict(rack)}}}}}})
+
+
+def _no_topology(data: object) -> str | None:
+    """Why ``data`` (the raw config mapping) gives rlc no topology to budget, or None."""
+    if not isinstance(data, dict):
+        return None  # pydantic names the type
+    topo = data.get("topology")
+    if topo is None or topo == {}:
+        what = "there is no [topology] section" if topo is None else "[topology] is empty"
+    elif isinstance(topo, dict) and not topo.get("halls"):
+        what = "[topology] names no halls (with their rows and racks)"
+    else:
+        return None
+    return (f"{what}: rlc budgets only the racks the operator configured, never a built-in "
+            "example. Write [topology] with its site and halls → rows (limit_w) → racks "
+            f"(floor_w, max_w); see the commented example in {EXAMPLE_CONFIG}")
 
 
 class RlcConfig(DaemonSettings):
@@ -114,8 +136,7 @@ class RlcConfig(DaemonSettings):
                                description="topic levels: rackplane/<site>/<rack>/rlc/...; "
                                "site must be the topology's")
     control: RlcControl = RlcControl()
-    topology: TopologySettings = Field(default_factory=default_topology,
-                                       description="site → hall → row → rack with limits")
+    topology: TopologySettings = Field(description="site → hall → row → rack with limits")
     leases: LeaseTiming = LeaseTiming()
     allocation: AllocationSettings = AllocationSettings()
     fleet: FleetKvSettings = FleetKvSettings()
@@ -127,6 +148,20 @@ class RlcConfig(DaemonSettings):
                                        description="validation campaigns (issue 17)")
     commands: CommandSettings = Field(default_factory=lambda: CommandSettings(),
                                       description="command path (the pair's handover)")
+
+    @classmethod
+    def example_values(cls) -> dict[str, Any]:
+        """The required sections' examples (`rackplane.config.EXAMPLE_VALUES_HOOK`): written
+        commented out by ``--print-default-config``."""
+        return {"topology": example_topology()}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _topology_required(cls, data: Any) -> Any:
+        why = _no_topology(data)
+        if why is not None:
+            raise ValueError(why)
+        return data
 
     @model_validator(mode="after")
     def _site(self) -> RlcConfig:

@@ -98,9 +98,11 @@ def section(model: type[BaseModel], instance: BaseModel | None, path: str,
     rows: list[str] = []
     nested: list[tuple[str, type[BaseModel], BaseModel | None]] = []
     for name, info in model.model_fields.items():
-        value = getattr(instance, name) if instance is not None else info.default
-        if isinstance(value, BaseModel):
-            nested.append((name, type(value), value))
+        value = (getattr(instance, name) if instance is not None
+                 else info.get_default(call_default_factory=True) if not info.is_required()
+                 else PydanticUndefined)
+        if isinstance(value, BaseModel):  # a required section's: an example, not a default
+            nested.append((name, type(value), None if info.is_required() else value))
             continue
         is_list = typing.get_origin(info.annotation) in (list, tuple)
         for sub in _models_in(info.annotation):  # e.g. [[power_shelves]], optional [mqtt.tls]
@@ -150,7 +152,8 @@ def render() -> str:
     for title, model in (("valvey", ValveyConfig), ("racky", RackyConfig),
                          ("tray-agent", TrayAgentConfig), ("rlc", RlcConfig)):
         out += [f"## {title}", ""]
-        section(model, model(), "", out, set())
+        hook = getattr(model, "example_values", None)  # required sections: examples
+        section(model, model.model_validate(hook() if hook else {}), "", out, set())
     return "\n".join(out).rstrip() + "\n"
 
 

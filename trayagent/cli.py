@@ -12,7 +12,7 @@ from rackplane.cli import EXIT_OK, EXIT_RUNTIME
 from rackplane.config import secret_from_env
 from rackplane.daemon_cli import DaemonCli, daemon_app
 from trayagent.app import TrayAgent, load_tray_agent_config, make_source
-from trayagent.config import TrayAgentConfig
+from trayagent.config import TrayAgentConfig, config_warnings
 from trayagent.core.health import GpuHealth
 from trayagent.nvml import NvmlSource
 from trayagent.redfish import BmcSource
@@ -184,6 +184,7 @@ app = daemon_app(DaemonCli(
     dry_connect_help="read every GPU (and every source) once, print every reading, and exit "
                      "(never sets anything)",
     build=lambda cfg, config: TrayAgent(cfg, config_path=config),
+    warnings=config_warnings,
 ))
 
 

@@ -12,23 +12,32 @@ the working directory.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rackplane.config import StrictModel, check_environment, check_state_file_dir, load_config
+from rackplane.config import (
+    StrictModel,
+    check_environment,
+    check_state_file_dir,
+    identity_required,
+    load_config,
+    require_keys,
+)
 from rackplane.core.tray_contract import (
     AGENT_GPU_MAX_POWER_LIMIT_W,
     AGENT_SAFE_GPU_CAP_W,
     GPU_POWER_LIMIT_PLAUSIBLE_MAX_W,
 )
+from rackplane.errors import ConfigError
 from rackplane.paths import in_state_directory
 from rackplane.settings import CommandSettings, DaemonSettings, TopicLevel, environment_checks
 
 __all__ = ["NON_GPU_SHARE_MAX", "AgentControl", "AgentsSettings", "BmcSettings", "CapSettings",
            "DcgmSettings", "NvmlSettings", "SysfsSettings", "TrayAgentConfig", "TraySettings",
-           "load_tray_agent_config"]
+           "config_warnings", "load_tray_agent_config", "required_parts"]
 
 
 NON_GPU_SHARE_MAX = 3.0
@@ -261,6 +270,13 @@ def _default_commands() -> CommandSettings:
 class TrayAgentConfig(DaemonSettings):
     """The whole tray-agent config file."""
 
+    @classmethod
+    def example_values(cls) -> dict[str, Any]:
+        """``--print-default-config``'s example tray (`rackplane.config.EXAMPLE_VALUES_HOOK`):
+        the defaults host none, and a config must list its trays (`required_parts`)."""
+        return {"agents": {"trays": [{"tray": 0, "nvml_devices": [0, 1, 2, 3],
+                                      "coolant_out_temp_c": 45.0}]}}
+
     control: AgentControl = AgentControl()
     agents: AgentsSettings = AgentsSettings()
     nvml: NvmlSettings = NvmlSettings()
@@ -293,13 +309,60 @@ class TrayAgentConfig(DaemonSettings):
         return self
 
 
+def required_parts(data: Mapping[str, Any]) -> list[str]:
+    """What a tray agent cannot run without, judged on the file's own keys
+    (`rackplane.config.RequiredCheck`): its identity (`rackplane.config.identity_required`)
+    and the trays it hosts (``agents.trays``, at least one: an agent with none publishes
+    nothing)."""
+    out = require_keys(data, identity_required("tray-agent"))
+    agents = data.get("agents")
+    trays = agents.get("trays") if isinstance(agents, Mapping) else None
+    if not trays:
+        out.append("agents.trays: lists no tray: this agent would publish nothing; add "
+                   "[[agents.trays]] with tray, nvml_devices and coolant_out_temp_c")
+    return out
+
+
+def _no_source(cfg: TrayAgentConfig) -> str | None:
+    """Why the agent has nothing to read (no GPU source and no BMC), or None."""
+    if cfg.agents.source != "nvml" or cfg.nvml.enabled:
+        return None
+    if any(t.bmc is not None for t in cfg.agents.trays):
+        return None
+    return ("nvml.enabled: false with agents.source = 'nvml' and no tray has a bmc: the agent "
+            "has no GPU source and no BMC, nothing to read; enable NVML, use source 'dcgm', "
+            "or give the trays their bmc")
+
+
+def config_warnings(cfg: TrayAgentConfig) -> list[str]:
+    """What is unusual but not fatal (``--check-config`` prints it, the agent logs it at
+    start): the GPUs not read (NVML off, a BMC the only source: no per-GPU figures, no caps
+    applied through NVML), and trays without a BMC (their outlet temperature is the
+    configured constant and their leak sensor is reported faulted)."""
+    out = []
+    if cfg.agents.source == "nvml" and not cfg.nvml.enabled:
+        out.append("nvml.enabled is false with agents.source = 'nvml': the GPUs are not read "
+                   "(only the trays' BMCs): no per-GPU power or temperature, no NVML caps")
+    no_bmc = [t.tray for t in cfg.agents.trays if t.bmc is None]
+    if no_bmc:
+        out.append(f"trays {no_bmc} have no bmc: their coolant outlet is the configured "
+                   "coolant_out_temp_c and their leak sensor is reported faulted (racky cannot "
+                   "see a leak there)")
+    return out
+
+
 def load_tray_agent_config(path: str | os.PathLike[str] | None) -> TrayAgentConfig:
-    """Load and validate the config; the epoch file's folder must be usable.
+    """Load and validate the config; the file must name the agent's identity and trays
+    (`required_parts`), and it must have something to read (a GPU source or a BMC); the
+    epoch file's folder must be usable.
 
     Raises:
         ConfigError: naming the key path.
     """
-    cfg = load_config(TrayAgentConfig, path)
+    cfg = load_config(TrayAgentConfig, path, required=required_parts,
+                      example="config/tray-agent.example.toml")
+    if (why := _no_source(cfg)) is not None:
+        raise ConfigError(f"invalid configuration:\n  {why}", problems=[why])
     check_state_file_dir("caps.epoch_file", in_state_directory(cfg.caps.epoch_file))
     check_environment({
         **environment_checks(cfg.mqtt, cfg.tsdb),

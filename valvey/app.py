@@ -48,7 +48,7 @@ from rackplane.io.spool import check_spool_config
 from rackplane.io.statefile import StateFileError
 from rackplane.settings import environment_checks, spool_folder
 from valvey.commands import VALVEY_OUTPUTS, register_valvey_commands
-from valvey.config import ValveyConfig, check_points_against_map
+from valvey.config import ValveyConfig, check_points_against_map, required_parts
 from valvey.pair import EpochClaimer
 from valvey.persist import (
     CommandState,
@@ -70,13 +70,15 @@ DAEMON = "valvey"
 def load_valvey_config(path: str | os.PathLike[str] | None) -> tuple[ValveyConfig, RegisterMap]:
     """Load and cross-check the config: register map, points, secrets, TLS files, spool.
 
+    The file must name valvey's identity and its CDU (`valvey.config.required_parts`).
     Everything that would stop the daemon later is checked here, so ``--check-config`` and
     start-up refuse it with the key path named (exit 2) instead of failing at run time.
 
     Raises:
         ConfigError: any problem, with the key path named.
     """
-    cfg = load_config(ValveyConfig, path)
+    cfg = load_config(ValveyConfig, path, required=required_parts,
+                      example="config/valvey.example.toml")
     try:
         regmap = load_register_map(cfg.cdu.register_map)
     except ConfigError as err:

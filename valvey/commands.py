@@ -633,7 +633,7 @@ def _alarm_change(core: ValveyCore, alarm_id: str, events: list[AlarmEvent]) -> 
 
 def valvey_contract() -> DaemonContract:
     """valvey's verbs and state models (``rackctl schemas``, docs/COMMANDS.md)."""
-    # ``handover``: registered by the frame for one of a pair (rackplane.pair)
+    # ``handover``: by the frame (rackplane.daemon); a single instance refuses: not_paired
     return DaemonContract(
         "valvey", {**_VERBS, "handover": (HandoverArgs, "operator")}, dict(VALVEY_STATES),
         "The cooling controller (valvey/commands.py).",

@@ -7,12 +7,13 @@ is the embedded store). See config/valvey.example.toml for every key with its de
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rackplane.config import StrictModel
+from rackplane.config import StrictModel, identity_required, require_keys
 from rackplane.config_plausibility import Plausible, plausibility_warnings, value_at
 from rackplane.core.plausibility import PlausibilityWindow, merge_windows
 from rackplane.core.registers import RegisterMap
@@ -45,6 +46,7 @@ __all__ = [
     "check_points_against_map",
     "config_warnings",
     "default_plausibility",
+    "required_parts",
 ]
 
 
@@ -525,3 +527,17 @@ def config_warnings(cfg: ValveyConfig) -> list[str]:
         out.append("points.controller_epoch is unset with [leadership] enabled: the CDU cannot "
                    "refuse a fenced-out instance's writes; only its heartbeat watchdog fences")
     return out + cfg.leadership.warnings()
+
+
+def required_parts(data: Mapping[str, Any]) -> list[str]:
+    """What valvey cannot run without, judged on the file's own keys
+    (`rackplane.config.RequiredCheck`): its identity (`rackplane.config.identity_required`)
+    and the CDU it controls: ``[cdu]`` naming it by ``host``, ``port`` or ``serial_port`` (the
+    defaults are the simulator's, 127.0.0.1:5020: valvey must never write to whatever answers
+    there by accident)."""
+    out = require_keys(data, identity_required("valvey"))
+    cdu = data.get("cdu")
+    if not (isinstance(cdu, Mapping) and any(k in cdu for k in ("host", "port", "serial_port"))):
+        out.append("cdu: names no CDU (host, port or serial_port): the defaults are the rack "
+                   "simulator's (127.0.0.1:5020)")
+    return out

@@ -33,19 +33,26 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pydantic import Field
 
 from rackplane.core.alarms import AlarmDef
-from rackplane.core.envelope import CommandArgs
+from rackplane.core.envelope import CommandArgs, CommandContext
+from rackplane.errors import CommandError
 
-__all__ = ["NOT_ACTIVE", "PAIR_ALARM_IDS", "HandoverArgs", "PairAlarms", "SyncFollower",
-           "SyncPacer", "SyncRecord", "is_pair_alarm", "pair_alarm_defs"]
+__all__ = ["NOT_ACTIVE", "NOT_PAIRED", "PAIR_ALARM_IDS", "HandoverArgs", "PairAlarms",
+           "SyncFollower", "SyncPacer", "SyncRecord", "is_pair_alarm", "pair_alarm_defs",
+           "unpaired_handover"]
 
 NOT_ACTIVE: Final = "not_active"
 """Refusal code of ``handover`` on an instance that does not hold the lease."""
+
+NOT_PAIRED: Final = "not_paired"
+"""Refusal code of ``handover`` on a single instance (``[leadership]`` off): it is not part of a
+redundant pair, there is no standby to hand over to (`unpaired_handover`)."""
 
 PAIR_ALARM_IDS: Final = ("standby_not_in_sync", "lease_renewals_late", "no_active_controller")
 
@@ -270,7 +277,24 @@ class HandoverArgs(CommandArgs):
     """``handover`` (one of a redundant pair only; the active answers it): planned
     maintenance. The active writes its state record to the KV store, releases its lease and
     stops writing; the standby takes over from that state. Refused with ``not_active`` by an
-    instance that does not hold the lease."""
+    instance that does not hold the lease, and with ``not_paired`` by a single instance
+    (``[leadership]`` off: no standby to hand over to)."""
 
     reason: str | None = Field(None, max_length=200,
                                description="why (logged with the handover)")
+
+
+def unpaired_handover(daemon: str) -> Callable[[HandoverArgs, CommandContext],
+                                               Awaitable[dict[str, Any]]]:
+    """The ``handover`` handler of a single instance of ``daemon`` (``[leadership]`` off): it
+    always refuses with `NOT_PAIRED`, so an operator reads why (the verb exists in pair mode;
+    ``unknown_verb`` with the list of every verb buried the point).
+
+    Raises (from the handler):
+        CommandError: ``not_paired``, always.
+    """
+    async def refuse(args: HandoverArgs, ctx: CommandContext) -> dict[str, Any]:
+        raise CommandError(NOT_PAIRED, f"this {daemon} is not part of a redundant pair (its "
+                           "[leadership] is off: a single instance), there is no standby to "
+                           "hand over to; nothing was changed")
+    return refuse

@@ -38,7 +38,7 @@ from rackplane.core.alarms import AlarmEvent
 from rackplane.core.samples import Sample
 from rackplane.errors import CommandError
 from racky.config import RackyConfig
-from racky.core import views
+from racky.core import cap_binding, views
 from racky.core.agent_settings import (
     AgentCommand,
     DesiredTray,
@@ -442,10 +442,10 @@ class RackyCore:
         exceeded = self.capacity.engaged
         ev += b.update(now, "capacity_exceeded", {"": view.capacity_w} if exceeded else [],
                        {"": f"capacity {_kw(view.capacity_w)}, capped to {_kw(limit.limit_w)}"})
-        capped = not np.isnan(self.alloc.caps).all() or bool(self.thermal.protect)
-        src = limit.source if limit.limit_w is not None else "tray protection"
-        ev += b.update(now, "power_capped", {"": limit.limit_w} if capped else [],
-                       {"": f"limit {_kw(limit.limit_w)} from {src}"})
+        held = cap_binding.held_trays(self.desired(), self.tray_demand_w, trays, fresh,
+                                      self.gpt, self.alloc.other_share)  # a cap binds
+        ev += b.update(now, "power_capped", {"": limit.limit_w} if held else [],
+                       {"": cap_binding.held_detail(held, limit.limit_w, limit.source)})
         over = limit.limit_w is not None and rack_w is not None and rack_w > limit.limit_w * 1.02
         ev += b.update(now, "budget_exceeded", {"": rack_w} if over else [],
                        {"": f"{_kw(rack_w)} > {_kw(limit.limit_w)} ({limit.source})"})

@@ -82,7 +82,10 @@ POWER_ALARM_KINDS: tuple[AlarmKind, ...] = (
               runbook="psu"),
     AlarmKind("capacity_exceeded", "critical", "rack load above live PSU capacity: {detail}",
               runbook="psu"),
-    AlarmKind("power_capped", "warning", "rack power capped: {detail}"),
+    # a cap binds: a tray held below what it would draw (racky/core/cap_binding.py), not
+    # merely a cap allocated
+    AlarmKind("power_capped", "warning", "rack power held below demand by racky's caps: "
+              "{detail}"),
     AlarmKind("budget_exceeded", "major", "rack power above its limit: {detail}", on_delay_s=5.0),
     AlarmKind("budget_infeasible", "major", "rack limit below the trays' minimum power: "
               "{detail}"),

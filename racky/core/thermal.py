@@ -23,10 +23,14 @@ Per GPU (vectorised over the rack's GPUs; REFERENCE §1.6, §3.4):
 A tray is overheating (``tray_overheat``) while any of its GPUs is warned; the tray outlet
 (``tray_outlet_hot``), PSUs (``psu_hot`` / ``psu_overtemp``) have thresholds with delay and
 hysteresis. The **cause** comes from the cooling loop's state (valvey's supply temperature vs
-its setpoint, and flow when known): cooling abnormal → ``cooling``; cooling normal and a few
-trays hot → ``tray`` (a fouled cold plate, a blocked tray); cooling normal and ``many_trays``
-or more hot → ``rack-wide`` (load or loop distribution); no cooling state → ``unknown``. With
-``many_trays`` trays hot one rack alarm (``rack_overheat``) replaces the tray alarms.
+its setpoint, flow when known, and valvey's active alarms: one of ``cooling.fault_alarms``, a
+pump or valve fault, lost flow, makes it abnormal): cooling abnormal → ``cooling``; cooling
+normal and a few trays hot → ``tray`` (a fouled cold plate, a blocked tray); cooling normal and
+``many_trays`` or more hot → ``rack-wide`` (load or loop distribution); no cooling state, or
+one older than ``cooling.stale_after_s`` → ``unknown``. With ``many_trays`` trays hot one rack
+alarm (``rack_overheat``) replaces the tray alarms. Each alarm's cooling text
+(`ThermalWatch.cooling_text`) states what racky knows: valvey's state and its age, its figures
+and active alarms, and never calls stale or missing data normal.
 
 **Protection** (``protect``): a tray whose cause is ``tray`` and whose hottest GPU is predicted
 to reach slowdown within ``protect_horizon_s`` gets a per-GPU power cap aimed at
@@ -39,6 +43,7 @@ The cap is lowered again while the margin stays below target and raised by
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -79,6 +84,8 @@ class CoolingReading:
     capacity_w_per_k: float | None = None
     """valvey's measured valve-open capacity: rack W per K of approach (setpoint − facility
     water); None until valvey has measured it."""
+    alarms: tuple[str, ...] | None = None
+    """valvey's active alarm ids as its state lists them (``alarms``); None: not reported."""
 
 
 @dataclass
@@ -164,10 +171,20 @@ class ThermalWatch:
             self._psu_lim = VectorThreshold(len(names), c.psu_limit_c, c.hysteresis_c,
                                             on_delay_s=c.for_s)
 
+    def fault_alarms(self, cool: CoolingReading | None) -> list[str]:
+        """valvey's active alarms that make the cooling abnormal (``cooling.fault_alarms``)."""
+        if cool is None or not cool.alarms:
+            return []
+        pats = self.ccfg.fault_alarms
+        return [a for a in cool.alarms  # an id is <kind> or <kind>:<subject>
+                if any(fnmatch.fnmatchcase(a.split(":", 1)[0], p) for p in pats)]
+
     def cooling_state(self, now: float, cool: CoolingReading | None) -> str:
         """``abnormal``, ``normal`` or ``unknown`` (stale or missing cooling state)."""
         if cool is None or now - cool.t_mono > self.ccfg.stale_after_s:
             return "unknown"
+        if self.fault_alarms(cool):
+            return "abnormal"
         if cool.supply_temp_c is None or cool.setpoint_c is None:
             return "unknown"
         if cool.supply_temp_c - cool.setpoint_c > self.ccfg.supply_high_k:
@@ -241,7 +258,7 @@ class ThermalWatch:
         else:
             cause = "rack-wide" if many else "tray"
         out.cause = cause
-        cdesc = self._cooling_text(cool_state, x.cooling)
+        cdesc = self.cooling_text(now, cool_state, x.cooling)
         tray_cond: dict[str, float | None] = {}
         tray_det: dict[str, str] = {}
         for k in hot_trays:
@@ -305,14 +322,35 @@ class ThermalWatch:
                                              x.cooling, t_maxop)
         return out
 
-    @staticmethod
-    def _cooling_text(state: str, c: CoolingReading | None) -> str:
-        if c is None or state == "unknown":
-            return "no current cooling state"
-        s = f"supply {c.supply_temp_c:.1f} °C, setpoint {c.setpoint_c:.1f} °C"
-        if c.flow_lpm is not None:
-            s += f", flow {c.flow_lpm:.0f} L/min"
-        return f"cooling {state}: {s}"
+    def cooling_text(self, now: float, state: str, c: CoolingReading | None) -> str:
+        """What racky knows of the cooling, for the overheat alarms' cause (``state``: from
+        `cooling_state` at monotonic ``now``): valvey's state and its age, its supply,
+        setpoint and flow (or that one is not reported), its active alarms (those in
+        ``cooling.fault_alarms`` named as faults). Stale or missing data is said to be so,
+        never called normal: e.g. ``cooling unknown: valvey's state is 42 s old (stale after
+        15 s); last: supply 45.1 °C, setpoint 45.0 °C, flow not reported``."""
+        if c is None:
+            return "cooling unknown: no state from valvey received"
+        age = max(0.0, now - c.t_mono)
+
+        def num(v: float | None, unit: str, nd: int = 1) -> str:
+            return "not reported" if v is None else f"{v:.{nd}f} {unit}"
+
+        figures = (f"supply {num(c.supply_temp_c, '°C')}, setpoint {num(c.setpoint_c, '°C')}, "
+                   f"flow {num(c.flow_lpm, 'L/min', 0)}")
+        faults = self.fault_alarms(c)
+        others = [a for a in (c.alarms or ()) if a not in faults]
+        alarms = ("valvey's alarms not reported" if c.alarms is None
+                  else "no valvey alarm active" if not c.alarms
+                  else "; ".join(p for p in (
+                      f"valvey faults active: {', '.join(faults[:6])}" if faults else "",
+                      f"other valvey alarms: {', '.join(others[:6])}" if others else "") if p))
+        if age > self.ccfg.stale_after_s:
+            return (f"cooling unknown: valvey's state is {age:.0f} s old (stale after "
+                    f"{self.ccfg.stale_after_s:g} s); last: {figures}; {alarms}")
+        if state == "unknown":
+            return f"cooling unknown: valvey's state ({age:.0f} s old) lacks figures: {figures}"
+        return f"cooling {state} per valvey's state {age:.0f} s old: {figures}; {alarms}"
 
     def _protect(self, dt: float, cause: str, hot_trays: list[int], tj: FloatArray,
                  margin: FloatArray, slope: FloatArray, p: FloatArray, ttl: FloatArray,

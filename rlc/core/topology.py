@@ -144,7 +144,8 @@ class HallSpec(StrictModel):
 class TopologySettings(StrictModel):
     """The site's halls, rows and racks (issue 16 item 1)."""
 
-    site: TopicLevel = "lab"
+    site: TopicLevel = Field(description="the site's name (a topic level): required, and "
+                             "rlc's identity.site must be the same")
     classes: dict[str, int] = Field(default_factory=lambda: dict(DEFAULT_CLASSES),
                                     description="priority classes: name -> rank (0 served "
                                     "first)")

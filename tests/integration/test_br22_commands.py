@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.servers]
 def start_valvey(tmp: Path, rack: str, port: int) -> Proc:
     cfg = write_valvey_config(
         tmp / "valvey.toml",
-        identity={"rack": rack},
+        identity={"site": "lab", "rack": rack},
         mqtt={"port": port, "reconnect_min_s": 0.2, "reconnect_max_s": 1.0,
               "client_id": f"valvey-{rack}"},
         cdu={"port": free_port()},

@@ -68,7 +68,7 @@ def start_valvey(tmp: Path, rack: str, mqtt_port: int, env: dict[str, str], **mq
                  ) -> Proc:
     cfg = write_valvey_config(
         tmp / f"valvey-{rack}.toml",
-        identity={"rack": rack},
+        identity={"site": "lab", "rack": rack},
         mqtt={"port": mqtt_port, "keepalive_s": 5, "reconnect_max_s": 1.0, **mqtt},
         cdu={"port": free_port()},
         spool={"directory": str(tmp / f"spool-{rack}")},

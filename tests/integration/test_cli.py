@@ -71,7 +71,7 @@ def valvey(tmp_path_factory: pytest.TempPathFactory, mosquitto: Mosquitto) -> It
     tmp = tmp_path_factory.mktemp("cli")
     rack = f"cli-{uuid.uuid4().hex[:8]}"
     cfg = write_valvey_config(
-        tmp / "valvey.toml", identity={"rack": rack}, mqtt={"port": mosquitto.port},
+        tmp / "valvey.toml", identity={"site": "lab", "rack": rack}, mqtt={"port": mosquitto.port},
         cdu={"port": free_port()}, spool={"directory": str(tmp / "spool")},
         commands={"users": {"alice": "operator", "viewer": "reader"}}, log={"format": "json"})
     proc = valvey_proc(tmp, cfg)

@@ -146,12 +146,12 @@ def rlc_lines() -> list[TsLine]:
 
     from rackplane.core.budget_leases import BudgetLease
     from racky.core.budget import BudgetFollower, FleetSide, InputRatio
-    from rlc.config import RlcConfig
+    from rlc.config import RlcConfig, example_topology
     from rlc.core.cycle import FleetState
     from rlc.core.topology import TopologySettings, compile_topology
     from rlc.telemetry import fleet_lines
 
-    cfg = RlcConfig()
+    cfg = RlcConfig(topology=example_topology())  # its timings; the topology is below
     rack = {"floor_w": 20_000.0, "max_w": 90_000.0}
     topo = compile_topology(TopologySettings.model_validate({"site": "s", "halls": {"h1": {
         "feed_limit_w": 1e6, "rows": {

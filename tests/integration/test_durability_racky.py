@@ -32,7 +32,7 @@ async def test_racky_sigkill_restart_ready_state_kept_no_spooled_line_lost(
     rack = f"durr-{uuid.uuid4().hex[:8]}"
     cfg = write_config(
         tmp_path / "racky.toml",
-        identity={"rack": rack},
+        identity={"site": "lab", "rack": rack},
         mqtt={"port": mosquitto.port, "reconnect_max_s": 1.0},
         spool={"directory": str(tmp_path / "spool")},
         lifecycle={"state_file": str(tmp_path / "racky-state.json")},

@@ -274,7 +274,7 @@ def test_valvey_runs_under_its_users_mqtt_and_kv_without_a_violation(
     rack = f"r{uuid.uuid4().hex[:10]}"
     base = f"rackplane/lab/{rack}/valvey"
     cfg = write_config(
-        tmp_path / "valvey-a.toml", identity={"rack": rack},
+        tmp_path / "valvey-a.toml", identity={"site": "lab", "rack": rack},
         cdu={"port": free_port()},
         mqtt={"port": cluster.nodes[1].mqtt_port, "protocol": "3.1.1", "username": "valvey",
               "password_env": "VALVEY_MQTT_PW", "reconnect_max_s": 1.0, "keepalive_s": 5},

@@ -98,7 +98,7 @@ def _write_config(path: Path, rack: str, mqtt_port: int, tmp: Path, users: dict[
                   ) -> Path:
     return write_config(
         path,
-        identity={"rack": rack},
+        identity={"site": "lab", "rack": rack},
         mqtt={"port": mqtt_port, "reconnect_min_s": 0.1, "reconnect_max_s": 1.0},
         commands={"users": users},
         lifecycle={"state_file": str(tmp / "racky-state.json")},

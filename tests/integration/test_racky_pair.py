@@ -89,7 +89,7 @@ def _config(tmp: Path, inst: str, rr: InProcessRack, nats: NatsCluster, bucket: 
     assert face is not None
     return write_config(
         tmp / f"racky-{inst}.toml",
-        identity={"rack": rr.ident.rack},
+        identity={"site": rr.ident.site, "rack": rr.ident.rack},
         mqtt={"port": rr.mqtt.port, "reconnect_min_s": 0.1, "reconnect_max_s": 1.0,
               "keepalive_s": 5},
         discovery={"enabled": True, "port": face.port, "unit_id_first": 1,

@@ -55,7 +55,9 @@ def test_check_config_reports_a_spool_held_by_another_process(
         tmp_path: Path, daemon: str) -> None:
     spool = tmp_path / "shared-spool"
     cfg = tmp_path / f"{daemon}.toml"
-    cfg.write_text(f'[spool]\ndirectory = "{spool}"\n')
+    cdu = "[cdu]\nport = 5020\n" if daemon == "valvey" else ""  # what each must name
+    cfg.write_text(f'[identity]\nsite = "lab"\nrack = "rack1"\n{cdu}'
+                   f'[spool]\ndirectory = "{spool}"\n')
     ok = subprocess.run([sys.executable, "-m", daemon, "--config", str(cfg), "--check-config"],
                         capture_output=True, text=True, timeout=60, cwd=tmp_path, env=_env())
     assert ok.returncode == 0, ok.stdout + ok.stderr
@@ -108,14 +110,17 @@ async def test_a_writer_whose_spool_is_held_loses_no_line(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_two_daemons_started_from_one_folder_on_defaults_do_not_collide(
         tmp_path: Path) -> None:
-    """valvey and racky with no config file, from one working directory (the new-user run):
-    each its own spool, no collision, lines in both."""
+    """valvey and racky on their default spools (their files name only what a config must:
+    identity, valvey's CDU; and the broker port), from one working directory (the new-user
+    run): each its own spool, no collision, lines in both."""
     env = {**_env(), "PYTHONUNBUFFERED": "1"}
     port = free_port()  # no broker there: the daemons run on without one
     cfgs = {}
     for d in ("valvey", "racky"):
         cfgs[d] = tmp_path / f"{d}.toml"
-        cfgs[d].write_text(f'[mqtt]\nport = {port}\n')
+        cdu = f"[cdu]\nport = {free_port()}\n" if d == "valvey" else ""
+        cfgs[d].write_text(f'[identity]\nsite = "lab"\nrack = "rack1"\n{cdu}'
+                           f'[mqtt]\nport = {port}\n')
     procs = {d: subprocess.Popen([sys.executable, "-m", d, "--config", str(cfgs[d]),
                                   "--log-format", "json"],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -121,7 +121,7 @@ async def test_daemon_over_tls_reader_cannot_command_operator_can_user_unforgeab
     rack = f"tls-{uuid.uuid4().hex[:8]}"
     cfg = write_valvey_config(
         tmp_path / "valvey.toml",
-        identity={"rack": rack},
+        identity={"site": "lab", "rack": rack},
         mqtt={"host": "127.0.0.1", "port": broker.port, "username": "valvey",
               "password_env": "VALVEY_MQTT_PASSWORD", "reconnect_max_s": 1.0},
         **{"mqtt.tls": {"ca_file": str(broker.ca_file)}},
@@ -234,7 +234,7 @@ async def test_racky_over_tls_valvey_may_command_racky_reader_may_not(
     rack = f"tls-{uuid.uuid4().hex[:8]}"
     cfg = write_valvey_config(  # a generic TOML writer despite its name
         tmp_path / "racky.toml",
-        identity={"rack": rack},
+        identity={"site": "lab", "rack": rack},
         mqtt={"host": "127.0.0.1", "port": broker.port, "username": "racky",
               "password_env": "RACKY_MQTT_PASSWORD", "reconnect_max_s": 1.0},
         **{"mqtt.tls": {"ca_file": str(broker.ca_file)}},

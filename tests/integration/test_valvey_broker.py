@@ -74,7 +74,7 @@ async def test_br22b_broker_restart_without_persistence_valvey_resubscribes(
     sim = sim_proc(tmp_path, modbus_port, mosquitto_private.port, "load-step-short", rack)
     cfg = write_valvey_config(
         tmp_path / "valvey.toml",
-        identity={"rack": rack},
+        identity={"site": "lab", "rack": rack},
         cdu={"port": modbus_port},
         mqtt={"port": mosquitto_private.port, "reconnect_max_s": 2.0},
         spool={"directory": str(tmp_path / "spool")},
@@ -129,7 +129,7 @@ async def test_command_setpoint_survives_a_daemon_restart(
     sim = sim_proc(tmp_path, modbus_port, mosquitto_private.port, "load-step-short", rack)
     cfg = write_valvey_config(
         tmp_path / "valvey.toml",
-        identity={"rack": rack},
+        identity={"site": "lab", "rack": rack},
         cdu={"port": modbus_port},
         mqtt={"port": mosquitto_private.port, "reconnect_max_s": 1.0},
         spool={"directory": str(tmp_path / "spool")},

@@ -181,8 +181,16 @@ def test_check_config_refuses_bad_config_naming_key_paths(tmp_path: Path) -> Non
     assert r.returncode == 2
     for path in ("cdu.port", "cdu.unit_id", "supply_loop.setpoint_c", "tsdb.url", "mqtt.bogus"):
         assert path in r.stderr, (path, r.stderr)
+    # no file: the embedded defaults name no identity and no CDU (the simulator's): refused
+    none = subprocess.run([sys.executable, "-m", "valvey", "--check-config"],
+                          capture_output=True, text=True, timeout=60)
+    assert none.returncode == 2, none.stdout + none.stderr
+    for path in ("identity.site", "identity.rack", "cdu: names no CDU"):
+        assert path in none.stderr, (path, none.stderr)
+    good = tmp_path / "good.toml"
+    good.write_text('[identity]\nsite = "lab"\nrack = "rack1"\n[cdu]\nport = 5020\n')
     ok = subprocess.run(
-        [sys.executable, "-m", "valvey", "--check-config"],
+        [sys.executable, "-m", "valvey", "--config", str(good), "--check-config"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -893,7 +893,9 @@ async def test_valvey_app_routes_commands_and_audits_to_the_time_series(tmp_path
     fields ok and latency_s) through the spool (DESIGN §3)."""
     from valvey.app import Valvey, load_valvey_config
 
-    cfg, regmap = load_valvey_config(None)
+    conf = tmp_path / "valvey.toml"  # the defaults but for what a config must name
+    conf.write_text('[identity]\nsite = "lab"\nrack = "rack1"\n[cdu]\nport = 5020\n')
+    cfg, regmap = load_valvey_config(conf)
     cfg = cfg.model_copy(update={
         "spool": cfg.spool.model_copy(update={"directory": tmp_path}),
         "commands": CommandSettings(users={"alice": "operator"}),

@@ -108,7 +108,8 @@ def test_a_table_naming_a_missing_key_is_a_bug() -> None:
 
 def test_check_config_prints_the_warnings_and_exits_0(tmp_path: Path) -> None:
     conf = tmp_path / "v.toml"
-    conf.write_text('[pump_loop]\nmode = "flow"\nflow_setpoint_lpm = 12\n'
+    conf.write_text('[identity]\nsite = "lab"\nrack = "rack1"\n[cdu]\nport = 5020\n'
+                    '[pump_loop]\nmode = "flow"\nflow_setpoint_lpm = 12\n'
                     "flow_setpoint_min_lpm = 10\n")
     r = CliRunner().invoke(valvey_cli.app, ["--config", str(conf), "--check-config"],
                            env={"COLUMNS": "400"})
@@ -116,7 +117,7 @@ def test_check_config_prints_the_warnings_and_exits_0(tmp_path: Path) -> None:
     assert "warning: pump_loop.flow_setpoint_lpm = 12 L/min is far outside" in r.output
     assert "config OK" in r.output
     conf = tmp_path / "r.toml"
-    conf.write_text("[cooling]\nflow_low_lpm = 3.3\n")
+    conf.write_text('[identity]\nsite = "lab"\nrack = "rack1"\n[cooling]\nflow_low_lpm = 3.3\n')
     r = CliRunner().invoke(racky_cli.app, ["--config", str(conf), "--check-config"],
                            env={"COLUMNS": "400"})
     assert r.exit_code == 0 and "warning: cooling.flow_low_lpm = 3.3 L/min" in r.output

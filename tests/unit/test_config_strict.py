@@ -78,7 +78,9 @@ def test_check_config_refuses_missing_state_file_folder(
     monkeypatch.delenv("STATE_DIRECTORY", raising=False)
     missing = tmp_path / "no" / "such" / "s.json"
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[{section}]\nstate_file = "{missing}"\n')
+    cdu = "[cdu]\nport = 5020\n" if prog == "valvey" else ""  # what each must name
+    cfg.write_text(f'[identity]\nsite = "lab"\nrack = "rack1"\n{cdu}'
+                   f'[{section}]\nstate_file = "{missing}"\n')
     res = CliRunner().invoke(app, ["-c", str(cfg), "--check-config"])
     assert res.exit_code == 2, res.output
     assert key in res.output and "does not exist" in res.output

@@ -87,7 +87,8 @@ def test_check_config_names_the_serial_line_of_an_rtu_cdu(tmp_path: Path) -> Non
     import sys
 
     f = tmp_path / "valvey.toml"
-    f.write_text('[cdu]\nframer = "rtu"\nserial_port = "/dev/ttyUSB0"\nlocal_echo = true\n'
+    f.write_text('[identity]\nsite = "lab"\nrack = "rack1"\n'
+                 '[cdu]\nframer = "rtu"\nserial_port = "/dev/ttyUSB0"\nlocal_echo = true\n'
                  f'[spool]\ndirectory = "{tmp_path / "spool"}"\n')
     r = subprocess.run([sys.executable, "-m", "valvey", "--config", str(f), "--check-config"],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path,

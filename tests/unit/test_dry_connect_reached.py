@@ -28,16 +28,23 @@ def _run(app: object, *argv: str) -> tuple[int, str, str]:
     return r.exit_code, r.stdout, r.stderr
 
 
+ID = '[identity]\nsite = "lab"\nrack = "rack1"\n'  # what each daemon's file must name
+
+
 def test_racky_with_no_shelf_configured_and_discovery_off_fails(tmp_path: Path) -> None:
-    code, _out, err = _run(racky_app, "--dry-connect")  # the embedded defaults
+    cfg = tmp_path / "racky.toml"
+    cfg.write_text(ID)
+    code, _out, err = _run(racky_app, "--config", str(cfg), "--dry-connect")
     assert code == 1, (_out, err)
     assert "read nothing" in err and "discovery is off" in err, err
+    code, _out, err = _run(racky_app, "--dry-connect")  # the embedded defaults: no identity
+    assert code == 2 and "identity.rack: not set" in " ".join(err.split()), (_out, err)
 
 
 def test_racky_whose_discovery_found_no_shelf_fails(tmp_path: Path) -> None:
     cfg = tmp_path / "racky.toml"
     port = free_port()
-    cfg.write_text(f"[discovery]\nenabled = true\nport = {port}\nunit_id_first = 1\n"
+    cfg.write_text(f"{ID}[discovery]\nenabled = true\nport = {port}\nunit_id_first = 1\n"
                    "unit_id_last = 2\ntimeout_s = 0.2\n")
     code, out, err = _run(racky_app, "--config", str(cfg), "--dry-connect")
     assert code == 1, (out, err)
@@ -48,25 +55,29 @@ def test_racky_whose_discovery_found_no_shelf_fails(tmp_path: Path) -> None:
 
 def test_valvey_whose_cdu_does_not_answer_fails(tmp_path: Path) -> None:
     cfg = tmp_path / "valvey.toml"
-    cfg.write_text(f"[cdu]\nport = {free_port()}\n")
+    cfg.write_text(f"{ID}[cdu]\nport = {free_port()}\n")
     code, _out, err = _run(valvey_app, "--config", str(cfg), "--dry-connect")
     assert code == 1 and "dry connect failed" in err, (_out, err)
 
 
-def test_tray_agent_with_no_source_enabled_fails(tmp_path: Path) -> None:
+def test_tray_agent_with_no_source_enabled_is_refused_at_load(tmp_path: Path) -> None:
+    """No GPU source and no BMC: nothing to read. It used to load and only its dry connect
+    said so; now the config is refused (exit 2) naming why, before any device is touched."""
     cfg = tmp_path / "tray-agent.toml"
-    cfg.write_text("[nvml]\nenabled = false\n")
+    cfg.write_text(f"{ID}[nvml]\nenabled = false\n[[agents.trays]]\ntray = 0\n"
+                   "nvml_devices = [0, 1, 2, 3]\ncoolant_out_temp_c = 45.0\n")
     code, out, err = _run(trayagent_app, "--config", str(cfg), "--dry-connect")
-    assert code == 1, (out, err)
-    assert "nvml: disabled" in out and "sysfs: disabled" in out
-    assert "reached nothing" in err, err
+    assert code == 2, (out, err)
+    assert "no GPU source and no BMC, nothing to read" in " ".join(err.split()), err
 
 
 def test_rlc_whose_nats_does_not_answer_fails(tmp_path: Path) -> None:
     from rlc.cli import app as rlc_app
 
     cfg = tmp_path / "rlc.toml"
-    cfg.write_text(f'[fleet]\nservers = ["nats://127.0.0.1:{free_port()}"]\n')
+    cfg.write_text(f'[fleet]\nservers = ["nats://127.0.0.1:{free_port()}"]\n'
+                   '[topology]\nsite = "lab"\nhalls = {h1 = {feed_limit_w = 1e6, rows = {r1 = {'
+                   'limit_w = 1e5, racks = {rack1 = {floor_w = 1e4, max_w = 5e4}}}}}}\n')
     code, out, err = _run(rlc_app, "--config", str(cfg), "--dry-connect")
     assert code == 1, (out, err)
     assert "dry connect: fleet bucket rackplane_fleet on nats://127.0.0.1:" in \

@@ -17,7 +17,7 @@ from racky.core.budget import COOLING_REPORT_STEP_W
 from racky.core.power import Derate
 from racky.fleet import FleetLink
 from racky.fleet_settings import FleetSettings
-from rlc.config import RlcConfig
+from rlc.config import example_topology
 from rlc.core.allocation import AllocationSettings
 from rlc.core.cycle import FleetState
 from rlc.core.leases import LeaseTiming
@@ -118,7 +118,7 @@ class _Racks:
             self.st.write_done(w.rack, self.rev)
         led = self.st.ledgers
         return {r: led[r].current.value_w for r in ("ra", "rb")  # type: ignore[union-attr]
-                } | {"source": self.st.last_cooling[1][0]}  # type: ignore[index,dict-item]
+                } | {"source": self.st.last_cooling[1][0]}  # type: ignore[index]
 
 
 def test_rlc_caps_at_the_lower_of_configured_and_reported() -> None:
@@ -162,7 +162,7 @@ def test_a_zero_capacity_is_a_capacity_the_rack_falls_to_its_floor() -> None:
 
 
 def test_no_nominal_cooling_default_in_rlc() -> None:
-    topo = compile_topology(RlcConfig().topology)
+    topo = compile_topology(example_topology())
     assert all(math.isnan(c) for c in topo.cooling_w.tolist())
 
 

@@ -23,11 +23,12 @@ from racky.core.telemetry import PayloadError, TelemetryIngest, decode_payload
 from racky.fleet import FleetLink, agents_safe_figures
 from racky.fleet_settings import FleetSettings, agents_safe_total_w
 from racky.persist import Lifecycle, PersistedState
-from rlc.config import RlcConfig
+from rlc.config import RlcConfig, example_topology
 from rlc.core.allocation import AllocationSettings
 from rlc.core.cycle import FleetState
 from rlc.core.leases import LeaseTiming
 from rlc.core.topology import compile_topology
+from tests.unit.config_examples import rlc_example_text
 from trayagent.config import TrayAgentConfig
 from trayagent.core.caps import CapBook, DeviceLimits
 from trayagent.core.payload import GpuReading, TrayInfo, tray_payload
@@ -39,7 +40,8 @@ WALL = 1.8e9
 # --- the shared defaults and the shipped examples ----------------------------------------------
 
 def test_the_three_daemons_default_to_one_floor_and_one_safe_cap() -> None:
-    racky, rlc, agent = RackyConfig(), RlcConfig(), TrayAgentConfig()
+    racky, agent = RackyConfig(), TrayAgentConfig()
+    rlc = RlcConfig(topology=example_topology())  # rlc has no default topology: the example's
     floors = {float(f) for f in compile_topology(rlc.topology).floor_w}
     assert floors == {DEFAULT_RACK_FLOOR_W} == {racky.fleet.floor_w}
     assert agent.caps.safe_gpu_cap_w == racky.fleet.agent_safe_gpu_cap_w == AGENT_SAFE_GPU_CAP_W
@@ -54,8 +56,8 @@ def test_the_shipped_examples_agree_across_the_three_files() -> None:
     def load(name: str) -> dict[str, Any]:
         return tomllib.loads((ROOT / "config" / name).read_text())
 
-    racky, rlc, agent = (load("racky.example.toml"), load("rlc.example.toml"),
-                         load("tray-agent.example.toml"))
+    racky, agent = load("racky.example.toml"), load("tray-agent.example.toml")
+    rlc = tomllib.loads(rlc_example_text())  # its example [topology] uncommented
     topo = compile_topology(RlcConfig.model_validate(rlc).topology)
     assert {float(f) for f in topo.floor_w} == {float(racky["fleet"]["floor_w"])}
     assert agent["caps"]["safe_gpu_cap_w"] <= racky["fleet"]["agent_safe_gpu_cap_w"]
@@ -162,7 +164,7 @@ def test_fleet_side_reports_no_sum_without_one() -> None:
 # --- rlc's cross-check -------------------------------------------------------------------------
 
 def _state() -> FleetState:
-    topo = compile_topology(RlcConfig().topology)  # rack1, rack2 at the default floor
+    topo = compile_topology(example_topology())  # rack1, rack2 at the default floor
     return FleetState(topo, LeaseTiming(), AllocationSettings(), 5.0, 15.0, 100.0)
 
 

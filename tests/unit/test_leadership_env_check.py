@@ -18,16 +18,19 @@ from rlc.app import load_rlc_config
 from valvey.app import load_valvey_config
 
 VAR = "RACKPLANE_TEST_UNSET_NATS_PW"
+RLC_TOPOLOGY = ('[topology]\nsite = "lab"\nhalls = {h1 = {feed_limit_w = 1e6, rows = {r1 = {'
+                'limit_w = 1e5, racks = {rack1 = {floor_w = 1e4, max_w = 5e4}}}}}}\n')
 LOADERS: list[tuple[str, Callable[[Path], Any], str]] = [
-    ("valvey", load_valvey_config, "[cdu]\nwatchdog_timeout_s = 30\n"),
+    ("valvey", load_valvey_config, "[cdu]\nport = 5020\nwatchdog_timeout_s = 30\n"),
     ("racky", load_racky_config, ""),
-    ("rlc", load_rlc_config, ""),
+    ("rlc", load_rlc_config, RLC_TOPOLOGY),
 ]
 
 
 def _write(tmp_path: Path, extra: str, body: str) -> Path:
     p = tmp_path / "c.toml"
-    p.write_text(f'{extra}[spool]\ndirectory = "{tmp_path / "spool"}"\n{body}')
+    p.write_text(f'{extra}[identity]\nsite = "lab"\nrack = "rack1"\n'
+                 f'[spool]\ndirectory = "{tmp_path / "spool"}"\n{body}')
     return p
 
 
@@ -52,4 +55,4 @@ def test_rlc_checks_its_mqtt_password_too(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.delenv(VAR, raising=False)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=rf"mqtt\.password_env: environment variable {VAR}"):
-        load_rlc_config(_write(tmp_path, "", f'[mqtt]\npassword_env = "{VAR}"\n'))
+        load_rlc_config(_write(tmp_path, RLC_TOPOLOGY, f'[mqtt]\npassword_env = "{VAR}"\n'))

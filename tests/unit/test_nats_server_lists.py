@@ -45,7 +45,7 @@ def test_good_server_lists_pass(model: Any) -> None:
 def _pair_warnings(daemon: str, leadership: dict[str, Any]) -> list[str]:
     from racky.config import RackyConfig
     from racky.config import config_warnings as racky_warnings
-    from rlc.config import RlcConfig
+    from rlc.config import RlcConfig, example_topology
     from valvey.config import ValveyConfig
     from valvey.config import config_warnings as valvey_warnings
 
@@ -54,7 +54,7 @@ def _pair_warnings(daemon: str, leadership: dict[str, Any]) -> list[str]:
                                             leadership=leadership))
     if daemon == "racky":
         return racky_warnings(RackyConfig(leadership=leadership))
-    return RlcConfig(leadership=leadership).leadership.warnings()
+    return RlcConfig(leadership=leadership, topology=example_topology()).leadership.warnings()
 
 
 @pytest.mark.parametrize("daemon", ["valvey", "racky", "rlc"])

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from rackctl.campaign import PlanRefused, load_plan, render_status, write_report
 from rlc.campaign_driver import campaign_summary
-from rlc.config import default_topology
+from rlc.config import example_topology
 from rlc.core.campaign import Campaign, FailedCriterion, StageResult
 from rlc.core.campaign_plan import CampaignPlan
 from rlc.core.topology import compile_topology
@@ -39,10 +39,10 @@ expected = {backend_fraction = {min = 0.8, max = 1.0}}
 def test_plan_files_toml_and_json_validated_as_rlc_does(tmp_path: Path) -> None:
     t = tmp_path / "p.toml"
     t.write_text(TOML, encoding="utf-8")
-    plan = load_plan(t, default_topology())
+    plan = load_plan(t, example_topology())
     j = tmp_path / "p.json"
     j.write_text(json.dumps(plan), encoding="utf-8")
-    assert load_plan(j, default_topology()) == plan
+    assert load_plan(j, example_topology()) == plan
     assert plan["stages"][0]["expected"]["backend_fraction"] == {"min": 0.8, "max": 1.0}
     cases = {
         "notjson.json": ("{racks", "not valid JSON"),
@@ -64,7 +64,7 @@ def test_plan_files_toml_and_json_validated_as_rlc_does(tmp_path: Path) -> None:
     over.write_text(TOML.replace("50000.0", "131000.0"), encoding="utf-8")
     assert load_plan(over)["racks"]
     with pytest.raises(PlanRefused, match="can never run"):
-        load_plan(over, default_topology())
+        load_plan(over, example_topology())
 
 
 def test_plan_file_of_another_suffix_missing_or_a_folder_says_so(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ def _write(path: Path, text: str) -> Path:
 
 
 def _campaign() -> Campaign:
-    topo = compile_topology(default_topology())
+    topo = compile_topology(example_topology())
     plan = CampaignPlan.model_validate(json.loads(json.dumps(_toml_plan())))
     c = Campaign.new("c1", plan, topo)
     orders = c.step(topo, dict.fromkeys(topo.rack_ids, 20_000.0), T0, 1)

@@ -82,9 +82,14 @@ def test_handover_messages() -> None:
           "error": {"code": "unknown_verb", "message": "unknown verb 'handover'; known verbs: "
                     "acquire_lease, release_lease, get_state, set_setpoint"}}
     line = handover_message("valvey", no)
-    # one line that says why, not the single instance's list of every verb it has
+    # one line that says why, not an older single instance's list of every verb it has
     assert "runs as a single instance" in line and "unknown_verb" in line
     assert "known verbs" not in line and "set_setpoint" not in line
+    single = {"ok": False, "request_id": "r", "state": None,
+              "error": {"code": "not_paired", "message": "this valvey is not part of a "
+                        "redundant pair"}}
+    line = handover_message("valvey", single)
+    assert "not part of a redundant pair" in line and "(not_paired;" in line
     un = {"ok": False, "request_id": "r", "state": None,
           "error": {"code": "unavailable", "message": "the KV store did not confirm"}}
     assert "nothing was released" in handover_message("valvey", un)

@@ -22,13 +22,13 @@ from rackplane.clock import FakeClock
 from racky.core.campaign_gate import JudgedRun
 from racky.core.controller import RackyInputs
 from rlc.campaign_driver import CampaignDriver, Order
-from rlc.config import default_topology
+from rlc.config import example_topology
 from rlc.core.topology import compile_topology
 from tests.unit.test_commands import CaptureLog
 from tests.unit.test_racky_campaign_gate import Rig
 
 T0 = 1_800_000_000.0
-TOPO = compile_topology(default_topology())  # site lab, row1: rack1, rack2
+TOPO = compile_topology(example_topology())  # site lab, row1: rack1, rack2
 
 
 def _plan(racks: list[str], stages: list[str]) -> dict[str, Any]:

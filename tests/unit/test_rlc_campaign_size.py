@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rackctl.campaign import PlanRefused, load_plan
-from rlc.config import RlcConfig, default_topology
+from rlc.config import RlcConfig, example_topology
 from rlc.core.campaign import Campaign, FailedCriterion, StageResult
 from rlc.core.campaign_codec import dumps, loads
 from rlc.core.campaign_plan import CampaignPlan, PlanError
@@ -49,7 +49,8 @@ def _plan_n(n: int, stages: int = 2, attempts: int = 3) -> dict[str, Any]:
 def test_default_bound_is_nats_max_payload_less_the_margin() -> None:
     assert NATS_MAX_PAYLOAD_BYTES == 1 << 20
     assert DEFAULT_MAX_RECORD_BYTES < NATS_MAX_PAYLOAD_BYTES
-    assert RlcConfig().campaign.max_record_bytes == DEFAULT_MAX_RECORD_BYTES
+    cfg = RlcConfig(topology=example_topology())
+    assert cfg.campaign.max_record_bytes == DEFAULT_MAX_RECORD_BYTES
 
 
 def test_bound_grows_with_racks_stages_attempts_and_is_refused_past_the_limit() -> None:
@@ -120,7 +121,7 @@ def test_rackctl_refuses_it_locally_with_the_reason(tmp_path: Path) -> None:
 
 
 def _ended_campaign(n_runs: int) -> tuple[Campaign, Any, float]:
-    topo = compile_topology(default_topology())
+    topo = compile_topology(example_topology())
     plan = CampaignPlan.model_validate({**_plan(["rack1"], ["rack"]), "start_timeout_s": 1.0,
                                         "max_attempts": 100})
     c = Campaign.new("c1", plan, topo)

@@ -302,8 +302,10 @@ def test_check_config_refuses_an_epoch_file_in_a_missing_folder(tmp_path: Path) 
     from trayagent.app import load_tray_agent_config
 
     cfg = tmp_path / "t.toml"
-    cfg.write_text(f'[caps]\nepoch_file = "{tmp_path / "missing" / "e.json"}"\n')
+    needed = ('[identity]\nsite = "lab"\nrack = "rack1"\n[[agents.trays]]\ntray = 0\n'
+              'nvml_devices = [0, 1, 2, 3]\ncoolant_out_temp_c = 45.0\n')  # what it must name
+    cfg.write_text(f'{needed}[caps]\nepoch_file = "{tmp_path / "missing" / "e.json"}"\n')
     with pytest.raises(ConfigError, match=r"caps\.epoch_file: .* does not exist"):
         load_tray_agent_config(cfg)
-    cfg.write_text(f'[caps]\nepoch_file = "{tmp_path / "e.json"}"\n')
+    cfg.write_text(f'{needed}[caps]\nepoch_file = "{tmp_path / "e.json"}"\n')
     assert load_tray_agent_config(cfg).caps.epoch_file == tmp_path / "e.json"

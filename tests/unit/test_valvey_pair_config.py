@@ -61,7 +61,8 @@ def test_a_pair_without_the_epoch_register_is_warned() -> None:
 def test_check_config_exits_2_naming_the_keys(tmp_path: Path) -> None:
     bad = write_config(tmp_path / "bad.toml", leadership={"enabled": True},
                        spool={"directory": str(tmp_path / "spool")})
-    good = write_config(tmp_path / "good.toml", leadership={"enabled": True, **FAST},
+    good = write_config(tmp_path / "good.toml", identity={"site": "lab", "rack": "rack1"},
+                        cdu={"port": 5020}, leadership={"enabled": True, **FAST},
                         points={"controller_epoch": "controller_epoch"},
                         spool={"directory": str(tmp_path / "spool")})
     for path, rc in ((bad, 2), (good, 0)):
