@@ -15,7 +15,8 @@ With ``rackctl demo --racks N`` (N >= 2) and ``nats-server`` found (`find_nats_s
    without one), rlc may order it (``rlc`` = operator), production only on rlc's order with a
    ``rack`` stage's pass (``[campaign_gate]``); the last rack (`RowFleet.new_rack`) starts in
    ``provisioning``, a new rack;
-4. once rlc leads and every rack holds a lease, the campaign: a plan (``<run>/campaign.toml``:
+4. once rlc leads and every rack's racky is online and has acknowledged its lease, the
+   campaign: a plan (``<run>/campaign.toml``:
    the new rack, one ``rack`` stage of `CAMPAIGN_STAGE_S` burn-in drawing `CAMPAIGN_POWER_W`)
    started as an operator would, ``rackctl campaign start`` with the demo's ``rackctl.toml``
    (its output in ``<run>/campaign-start.log``).
@@ -82,8 +83,13 @@ CAMPAIGN_POWER_W = 100_000.0
 LEASE_READ_S = 1.0
 """Each rack's lease key is read this often besides the pushes, s."""
 CAMPAIGN_WAIT_S = 60.0
-"""The campaign is started once rlc leads and every rack holds a lease, or this long after
-the daemons started anyway (rlc then says what is missing), s."""
+"""The campaign is started once rlc leads, every racky is online and every rack's lease is
+acknowledged, or this long after the daemons started anyway (saying what was missing), s."""
+EXPLAINED_ALARMS = {"racky:power_capped": (
+    "from budget", "racky capped its trays to its budget, rlc's lease: the row limit shared "
+    "between the racks' demands")}
+"""Alarms a row under rlc explains (`harness.demo.checklist.checklist`'s ``explained``): at
+full load the racks want more than the row limit, so rlc's leases cap them."""
 RLC_USER = "rlc"
 """The MQTT user rlc's orders to racky come from (rlc's default, racky's controller_user)."""
 
@@ -287,7 +293,7 @@ class RowFleet:
                 payload, dict) else str(payload)
         elif msg.topic.endswith("/state/fleet") and isinstance(payload, dict):
             self.fleet_state = payload
-            row = (payload.get("rows") or {}).get("row1") or {}
+            row = self._row()
             if isinstance(row.get("committed_w"), (int, float)):
                 self.committed_log.append((msg.received_mono, float(row["committed_w"])))
         elif msg.topic.endswith("/state/campaign") and isinstance(payload, dict):
@@ -312,18 +318,50 @@ class RowFleet:
             out[x.rack] = x
         return out
 
-    async def tick(self, started_mono: float, rackctl_cfg: Path) -> None:
-        """Called every loop of the demo: starts the campaign when rlc is ready (or after
-        `CAMPAIGN_WAIT_S`), through ``rackctl campaign start``."""
+    def _row(self) -> dict[str, Any]:
+        """The row in rlc's last ``state/fleet`` (its one row, ``hall1/row1``; {}: none)."""
+        rows = self.fleet_state.get("rows")
+        row = next(iter(rows.values()), None) if isinstance(rows, dict) else None
+        return row if isinstance(row, dict) else {}
+
+    def acked(self) -> list[str]:
+        """The racks whose racky acknowledged its lease's value now (rlc's ``state/fleet``:
+        the ack of the first lease of the latest value or a later one; a renewal at the same
+        value is acknowledged by racky at once, ~1 s before state/fleet shows it)."""
+        racks = self._row().get("racks") or {}
+        out = []
+        for r in self.racks:
+            mine = [x for x in self.leases if x.rack == r]
+            ack = (racks.get(r) or {}).get("acked")
+            if not mine or not isinstance(ack, list) or len(ack) != 2:
+                continue
+            first = mine[-1]
+            for x in reversed(mine):
+                if abs(x.value_w - mine[-1].value_w) > 1.0:
+                    break
+                first = x
+            if tuple(ack) >= (first.epoch, first.seq):
+                out.append(r)
+        return out
+
+    async def tick(self, started_mono: float, rackctl_cfg: Path,
+                   recs: dict[str, Recorder]) -> None:
+        """Called every loop of the demo: starts the campaign once rlc is online, every
+        racky online and every rack's latest lease acknowledged (or after
+        `CAMPAIGN_WAIT_S` anyway, saying what was missing), through ``rackctl campaign
+        start``."""
         if self.campaign_started_mono is not None or self.rlc is None:
             return
-        ready = self.rlc_status == "online" and set(self.latest()) == set(self.racks)
-        if not ready and time.monotonic() - started_mono < CAMPAIGN_WAIT_S:
+        missing = ([f"rlc {self.rlc_status}"] if self.rlc_status != "online" else []) + [
+            f"{r}'s racky {rec.racky_status}" for r, rec in recs.items()
+            if rec.racky_status != "online"] + [
+            f"{r}'s lease acknowledged" for r in self.racks if r not in self.acked()]
+        if missing and time.monotonic() - started_mono < CAMPAIGN_WAIT_S:
             return
         self.campaign_started_mono = time.monotonic()
-        if not ready:
-            self._event(f"starting the campaign though rlc is {self.rlc_status} and leases "
-                        f"are held by {sorted(self.latest()) or 'no rack'}")
+        if missing:
+            self._event(f"starting the campaign after {CAMPAIGN_WAIT_S:g} s without "
+                        + ", ".join(missing))
         self._campaign_task = asyncio.create_task(self._start_campaign(rackctl_cfg))
 
     def campaign_argv(self, plan: Path) -> list[str]:
@@ -384,18 +422,17 @@ class RowFleet:
         """rlc's state now: leases per rack against the row limit, the campaign."""
         latest = self.latest()
         total = sum(x.value_w for x in latest.values())
-        acked = {r: v.get("acked") for r, v in ((self.fleet_state.get("rows") or {}).get(
-            "row1") or {}).get("racks", {}).items()} if self.fleet_state else {}
+        acked = self.acked()
         per = ", ".join(f"{r} {latest[r].value_w / 1000:.1f}" + (
-            "" if acked.get(r) == [latest[r].epoch, latest[r].seq] else " (ack pending)")
-            if r in latest else f"{r} —" for r in self.racks)
+            "" if r in acked else " (ack pending)") if r in latest else f"{r} —"
+            for r in self.racks)
         ok = total <= self.limit_w + 1.0 and len(latest) == len(self.racks)
         lease = Text(f"rlc ({self.rlc_status}): leases kW {per}; Σ {total / 1000:.1f} / row "
                      f"limit {self.limit_w / 1000:.0f} kW", style="green" if ok else "yellow")
         word = self._campaign_word(self.campaign_state)
         camp = (f"campaign {self.campaign_id}: {word}" if word else
                 f"campaign {self.campaign_id}: "
-                + ("not started yet (waits for rlc and every rack's lease)"
+                + ("not started yet (waits for every rack's acknowledged lease)"
                    if self.campaign_started_mono is None else "started, rlc has not said yet"))
         return [lease, Text(camp, style="green" if "production" in word else "")]
 
@@ -456,8 +493,10 @@ async def start_row_fleet(row: Sequence[DemoRack], limit_w: float, run_dir: Path
         return None, said
     for r in row:
         r.racky_extra = fleet.racky_overrides(r.name)
+        r.explained_alarms = dict(EXPLAINED_ALARMS)
     console.print(f"row under rlc: NATS {fleet.url} (log {run_dir / 'nats' / 'nats.log'}), "
                   f"rlc's log {run_dir / 'rlc.log'}; new rack {fleet.new_rack} starts in "
-                  f"provisioning, its campaign {fleet.campaign_id} starts once rlc grants "
-                  "every rack a lease", markup=False, highlight=False, soft_wrap=True)
+                  f"provisioning, its campaign {fleet.campaign_id} starts once every rack "
+                  "has acknowledged a lease of rlc's", markup=False, highlight=False,
+                  soft_wrap=True)
     return fleet, ""

@@ -75,6 +75,8 @@ class DemoRack:
     racky_extra: dict[str, Any] = field(default_factory=dict)
     """Sections laid over racky's demo config (`overlay`; a row under rlc:
     `harness.demo.fleet.RowFleet.racky_overrides`)."""
+    explained_alarms: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Alarms the run's setup explains (`harness.demo.checklist.checklist`'s ``explained``)."""
 
     def end_t(self) -> float:
         """`end_t_s`, else the last plant time this rack's simulator published, s (0: none)."""
@@ -231,7 +233,8 @@ def finish_rack(rack: DemoRack, console: Console, broker_problem: str | None,
         ff_source_share=ff_source_share(rec.loop),
         racky=rsum,
         **command_lists(rec),
-        checklist=[c.as_dict() for c in checklist(sc, rec, steps, end_t)],
+        checklist=[c.as_dict() for c in checklist(sc, rec, steps, end_t,
+                                                   rack.explained_alarms)],
         rack=rack.name,
     )
     (rack.dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))

@@ -284,7 +284,7 @@ async def run_demo(
                         if pr is not None and pr.returncode is not None]
                 if fleet is not None:
                     gone += [n for n in (fleet.gone(),) if n]
-                    await fleet.tick(started, rackctl_cfg)
+                    await fleet.tick(started, rackctl_cfg, {r.name: r.rec for r in row})
                 if gone:
                     who = gone[0].replace(f" ({DEMO_RACK})", "") if len(row) == 1 else gone[0]
                     console.print(f"[red]{who} exited early; logs in {run_dir}[/]")
