@@ -168,3 +168,31 @@ def test_the_nats_server_is_found_or_the_reason_said(tmp_path: Path,
     assert said.startswith("row without rlc: nats-server not found;")
     assert "sudo apt-get install nats-server" in said and "make servers" in said
     assert os.access(fake, os.X_OK)
+
+
+def test_the_live_view_of_a_row_under_rlc_says_its_leases_and_campaign(tmp_path: Path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from harness.demo.row import row_view
+
+    fleet = RowFleet(["r12", "r13"], LIMIT_W, tmp_path, "/usr/sbin/nats-server")
+    fleet.leases = [_lease("r12", 140, 3.0, 2), _lease("r13", 120, 3.1, 2)]
+    fleet.rlc_status = "online"
+    fleet.fleet_state = {"rows": {"hall1/row1": {"racks": {"r12": {"acked": [1, 2]},
+                                                           "r13": {"acked": [1, 1]}}}}}
+    assert fleet.acked() == ["r12"]
+    fleet.campaign_state = {"campaign_id": "demo-r13", "racks": {"r13": {
+        "status": "validating", "run": "rack.1", "run_state": "running"}}}
+    fleet.events = [(T0 + 5.0, "rlc: r12 lease 140.0 kW (seq 2)")]
+    out = io.StringIO()
+    Console(file=out, width=160).print(row_view(
+        [("r12", Recorder()), ("r13", Recorder())], LIMIT_W, 10.0, 60.0, "connected", "",
+        fleet.lines(), fleet.events))
+    text = out.getvalue()
+    assert "rlc (online): leases kW r12 140.0, r13 120.0 (ack pending); Σ 260.0 / row limit " \
+        "280 kW" in text
+    assert "campaign demo-r13: r13 validating, run rack.1 running" in text
+    assert "(row under rlc: budgets as leases)" in text
+    assert "rlc: r12 lease 140.0 kW (seq 2)" in text
