@@ -73,9 +73,14 @@ def demo(
     racks: Annotated[int, typer.Option(
         min=1, max=4, help="racks side by side (a row: r12, r13, ...), each its own "
         "simulator, valvey and racky")] = 1,
+    nats_server: Annotated[str | None, typer.Option(
+        "--nats-server", help="a row (--racks 2..4) runs under rlc on this nats-server binary "
+        "(default: $RACKPLANE_DEMO_NATS_SERVER, else nats-server on PATH or in /usr/sbin); "
+        "'none': the row without rlc")] = None,
 ) -> None:
     """Run valvey and racky against the rack simulator on embedded defaults, live, then
-    summarise (and print how to reach the running demo with rackctl)."""
+    summarise (and print how to reach the running demo with rackctl). A row runs under rlc
+    (budgets as leases, a validation campaign) when nats-server is installed."""
     from harness.demo import (
         BrokerUnreachable,
         RowSummary,
@@ -103,7 +108,7 @@ def demo(
         summary = asyncio.run(
             run_demo(
                 scenario=scenario, duration_s=duration, broker=broker, out_root=out,
-                console=console, racks=racks,
+                console=console, racks=racks, nats_server=nats_server,
             )
         )
     except ConfigError as err:

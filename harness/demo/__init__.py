@@ -27,8 +27,24 @@ identity, ports, folder ``<run>/<rack>/``) and its share of the scripted faults
 (config/scenarios/demo-agentic-bursts.toml) instead of the load step, scored by its own item
 (`harness.demo.bursts`: RMS and max |error| over a window its faults do not touch); a live
 line per rack (with its load pattern) and the row's power against its limit, each rack's
-summary, checklist and plot, and the row's item and plot (`harness.demo.row`; a row without
-rlc: static budgets).
+summary, checklist and plot, and the row's item and plot (`harness.demo.row`).
+
+A row runs **under rlc** when a ``nats-server`` binary is there (`harness.demo.fleet`:
+``--nats-server PATH``, ``$RACKPLANE_DEMO_NATS_SERVER``, else PATH or /usr/sbin; ``make demo``
+installs the Debian package as ``make test`` does, when it can): a single-node NATS JetStream
+on a free loopback port (config, store and log in ``<run>/nats/``), rlc (the real daemon)
+granting the row limit as budget leases to the racks' rackys in fleet mode, and a short
+validation campaign: the last rack starts as a new rack (``provisioning``) and, once rlc grants
+every rack a lease, the demo starts the campaign as an operator would (``rackctl campaign
+start``); rlc validates it (one short ``rack`` stage) and orders it into production. The live
+view and the off-terminal lines say rlc's leases per rack against the row limit and the
+campaign's progress; the row's checklist adds "new rack validated into production by rlc's
+campaign" (its lifecycle as racky published it, with times, and rlc's ``state/campaign``)
+and "row budgets granted by rlc never above the row limit" (every lease rlc wrote, as read
+from the KV bucket; `harness.demo.fleet_check`); ``row.png`` shows the Σ of the leases.
+Without nats-server (or ``--nats-server none``) the row runs **without rlc**: the row limit
+split evenly into static racky budgets, and the summary says why and how to get rlc
+(``sudo apt-get install nats-server`` or ``make servers``).
 """
 
 from __future__ import annotations

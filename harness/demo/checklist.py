@@ -19,7 +19,9 @@ Items (`checklist`):
   (so only a new validation returns it);
 * no unexpected alarms: every alarm raised is explained by a scripted fault (raised between
   its start and its end + `ATTRIBUTION_S`, on its target: valvey's pump alarms for a pump
-  trip, alarms naming the port for a link fault).
+  trip, alarms naming the port for a link fault), or by what the run set up on purpose
+  (``explained``: e.g. under rlc, racky's ``power_capped`` whose message says its limit came
+  from its budget, rlc's lease: `harness.demo.fleet`).
 
 An item that did not happen is unchecked and says what was seen instead.
 """
@@ -224,25 +226,32 @@ def _target_matches(f: FaultSpec, key: str) -> bool:
     return False
 
 
-def _unexpected_item(rec: Any, sc: Scenario) -> CheckItem:
+def _unexpected_item(rec: Any, sc: Scenario,
+                     explained: Mapping[str, tuple[str, str]]) -> CheckItem:
     label = "no unexpected alarms"
     wins = fault_windows(sc)
     raised = [(t, k) for t, k, kind in rec.alarm_log if kind == "raised"]
-    odd = [(t, k) for t, k in raised
-           if not any(a <= t <= b + ATTRIBUTION_S and _target_matches(f, k) for a, b, f in wins)]
+    by_setup = [(t, k) for t, k in raised if k in explained
+                and explained[k][0] in rec.alarm_messages.get(k, "")]
+    odd = [(t, k) for t, k in raised if (t, k) not in by_setup
+           and not any(a <= t <= b + ATTRIBUTION_S and _target_matches(f, k) for a, b, f in wins)]
     if odd:
         return CheckItem(label, False, "raised without a scripted fault to explain it: " +
                          ", ".join(f"{k} at {_fmt_t(t)}" for t, k in odd))
-    return CheckItem(label, True, f"{len(raised)} alarm(s) raised, each by a scripted fault")
+    why = sorted({f"{k}: {explained[k][1]}" for _, k in by_setup})
+    return CheckItem(label, True, f"{len(raised)} alarm(s) raised, each by a scripted fault"
+                     + (f" or the run's setup ({'; '.join(why)})" if why else ""))
 
 
 def checklist(sc: Scenario, rec: Any, steps: Sequence[dict[str, Any]], end_t: float,
-              bursts: Mapping[str, Any] | None = None) -> list[CheckItem]:
+              bursts: Mapping[str, Any] | None = None,
+              explained: Mapping[str, tuple[str, str]] | None = None) -> list[CheckItem]:
     """The checklist of a run (see the module docstring); ``rec`` is the run's
     `harness.demo.record.Recorder`, ``steps`` `harness.demo.summary.summarise`'s rows,
     ``end_t`` the last plant time seen, s; ``bursts`` `harness.demo.bursts.burst_figures`'
     dict (its item is there whenever ``sc``'s load is agentic bursts: unchecked without
-    figures)."""
+    figures); ``explained``: alarm key (``racky:power_capped``) -> (a text its message must
+    contain, why it is expected)."""
     items = _step_items(steps)
     if is_burst_load(sc):
         items.append(_burst_item(bursts, end_t))
@@ -251,5 +260,5 @@ def checklist(sc: Scenario, rec: Any, steps: Sequence[dict[str, Any]], end_t: fl
             items.append(_pump_trip_item(rec, f, end_t))
         elif f.kind == "link_flap":
             items += _flap_items(rec, f, end_t)
-    items.append(_unexpected_item(rec, sc))
+    items.append(_unexpected_item(rec, sc, explained or {}))
     return items

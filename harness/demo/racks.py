@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -49,8 +50,9 @@ from harness.demo.summary import (
 from harness.servers import free_port
 from sims.scenario import FaultSpec, Scenario, load_scenario
 
-__all__ = ["MAX_RACKS", "ROW_LOADS", "DemoRack", "finish_rack", "plan_racks", "rack_scenarios",
-           "split_faults", "start_daemons", "start_sim", "stop_rack", "write_trace"]
+__all__ = ["MAX_RACKS", "ROW_LOADS", "DemoRack", "finish_rack", "overlay", "plan_racks",
+           "rack_scenarios", "split_faults", "start_daemons", "start_sim", "stop_rack",
+           "write_trace"]
 
 MAX_RACKS = len(RACK_NAMES)
 ROW_LOADS: dict[str, str] = {"demo-load-step": "demo-agentic-bursts"}
@@ -80,6 +82,11 @@ class DemoRack:
     racky_rc: int | None = None
     end_t_s: float | None = None
     """The run's end on this rack's plant clock, s: set when the demo stops it."""
+    racky_extra: dict[str, Any] = field(default_factory=dict)
+    """Sections laid over racky's demo config (`overlay`; a row under rlc:
+    `harness.demo.fleet.RowFleet.racky_overrides`)."""
+    explained_alarms: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Alarms the run's setup explains (`harness.demo.checklist.checklist`'s ``explained``)."""
 
     def end_t(self) -> float:
         """`end_t_s`, else the last plant time this rack's simulator published, s (0: none)."""
@@ -177,6 +184,16 @@ async def start_sim(rack: DemoRack, mqtt_host: str, mqtt_port: int, protocol: st
     )
 
 
+def overlay(cfg: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with each section of ``extra`` laid over its own (a key set to None removed;
+    a section ``cfg`` lacks added)."""
+    out = dict(cfg)
+    for section, values in extra.items():
+        merged = {**out.get(section, {}), **values}
+        out[section] = {k: v for k, v in merged.items() if v is not None}
+    return out
+
+
 async def start_daemons(rack: DemoRack, mqtt_host: str, mqtt_port: int,
                         protocol: str) -> None:
     """Write the rack's valvey and racky configs into its folder and start both."""
@@ -184,8 +201,8 @@ async def start_daemons(rack: DemoRack, mqtt_host: str, mqtt_port: int,
     write_toml(v_cfg, valvey_config(rack.dir, rack.modbus_port, mqtt_host, mqtt_port,
                                     protocol, rack.name),
                f"valvey against the rack simulator (rack {rack.name})")
-    write_toml(r_cfg, racky_config(rack.dir, rack.shelf_port, mqtt_host, mqtt_port, protocol,
-                                   rack.name, rack.budget_w),
+    write_toml(r_cfg, overlay(racky_config(rack.dir, rack.shelf_port, mqtt_host, mqtt_port,
+                                           protocol, rack.name, rack.budget_w), rack.racky_extra),
                f"racky against the rack simulator's power shelves (rack {rack.name})")
     py = sys.executable
     rack.racky = await spawn([py, "-m", "racky", "--config", str(r_cfg)], rack.dir / "racky.log")
@@ -256,7 +273,8 @@ def finish_rack(rack: DemoRack, console: Console, broker_problem: str | None,
         ff_source_share=ff_source_share(rec.loop),
         racky=rsum,
         **command_lists(rec),
-        checklist=[c.as_dict() for c in checklist(sc, rec, steps, end_t, bursts)],
+        checklist=[c.as_dict() for c in checklist(sc, rec, steps, end_t, bursts,
+                                                   rack.explained_alarms)],
         rack=rack.name,
         load=load_pattern(sc),
         bursts=bursts,

@@ -2,10 +2,11 @@
 racky ``state/rack_power``) against the row limit, the row's checklist item, its live view,
 its plot and its summary.
 
-Without rlc (this step of issue 20 runs no NATS and no rlc) nothing moves the racks'
-budgets: the row limit is split evenly into racky budgets (`ROW_LIMIT_PER_RACK_W` each),
-so the racks' own caps are what keeps the row under it; the row item checks that from the
-recorded rack powers, never from the configuration.
+Without rlc (no nats-server) nothing moves the racks' budgets: the row limit is split
+evenly into racky budgets (`ROW_LIMIT_PER_RACK_W` each), so the racks' own caps are what
+keeps the row under it; under rlc (`harness.demo.fleet`) the budgets are rlc's leases of the
+same limit. Either way the row item checks it from the recorded rack powers, never from the
+configuration.
 
 Time: each rack's records are on its own simulator's plant clock; the row puts them on one
 axis, "row time", s since the first rack's plant t = 0 (each rack's plant t = 0 is
@@ -151,7 +152,8 @@ class RowSummary:
     racks: list[DemoSummary]
     row_limit_w: float
     budgets_w: dict[str, float]
-    """Each racky's budget, W (their Σ is the row limit: the split without rlc)."""
+    """Each racky's budget, W: without rlc the static split (their Σ is the row limit);
+    under rlc each rack's last lease (AC input)."""
     row_power_max_w: float | None
     row_power_max_t_s: float | None
     instants: int
@@ -161,7 +163,11 @@ class RowSummary:
     plot: str | None
     run_dir: str
     coordination: str = ""
-    """How the row was coordinated (``row without rlc: ...``)."""
+    """How the row was coordinated (``row under rlc: ...`` or ``row without rlc: ...`` with
+    why)."""
+    rlc: dict[str, Any] | None = None
+    """rlc's side of the run (`harness.demo.fleet.RowFleet.as_dict`: its leases, the
+    campaign); None: the row ran without rlc."""
     row_power: list[tuple[float, float | None]] = field(default_factory=list)
     """(row s, W) every `ROW_STEP_S`: what the row item and plot were computed from."""
 
@@ -200,12 +206,13 @@ def row_power_now_w(recs: Sequence[Recorder]) -> float | None:
     return None if any(w is None for w in ws) else sum(w for w in ws if w is not None)
 
 
-def row_line(recs: Sequence[Recorder], limit_w: float) -> Text:
+def row_line(recs: Sequence[Recorder], limit_w: float,
+             note: str = "row without rlc: static racky budgets") -> Text:
     """The row's power against its limit, now (green within, red above or unknown)."""
     total_w = row_power_now_w(recs)
     style = "green" if total_w is not None and total_w <= limit_w else "red"
     return Text(f"row: Σ rack power {_kw(total_w)} kW / row limit {limit_w / 1000:.0f} kW"
-                f" (row without rlc: static racky budgets)", style=style)
+                f" ({note})", style=style)
 
 
 def _kw(w: Any) -> str:
@@ -214,10 +221,12 @@ def _kw(w: Any) -> str:
 
 def row_view(recs: Sequence[tuple[str, Recorder]], limit_w: float, elapsed: float,
              total: float, broker: str, faults: str,
-             loads: Mapping[str, str] | None = None) -> Group:
+             loads: Mapping[str, str] | None = None, rlc: Sequence[Text] = (),
+             rlc_events: Sequence[tuple[float, str]] = ()) -> Group:
     """The live view of a row: a line per rack (with its load pattern when ``loads``, rack ->
     pattern, is given), the row's power against its limit, the latest alarms and actions of
-    all racks (row time)."""
+    all racks (row time); with rlc (`harness.demo.fleet`) its lines (leases, campaign) and its
+    events ((mono s, text)) among the racks'."""
     tbl = Table(show_header=True, header_style="bold", expand=False, box=box.SIMPLE_HEAD,
                 pad_edge=False)
     for col in ("rack", *(("pattern",) if loads else ()), "plant s", "load kW", "err K",
@@ -248,11 +257,12 @@ def row_view(recs: Sequence[tuple[str, Recorder]], limit_w: float, elapsed: floa
         alarms.append(", ".join(sorted(rec.alarms)) or "none",
                       style="red" if rec.alarms else "green")
     t0 = row_t0([r for _, r in recs]) or 0.0
-    events = sorted((_row_t(rec, t, t0), f"{name}: {e}") for name, rec in recs
-                    for t, e in rec.events)
+    events = sorted([(_row_t(rec, t, t0), f"{name}: {e}") for name, rec in recs
+                     for t, e in rec.events] + [(t - t0, e) for t, e in rlc_events])
     ev = Text("\n".join(f"{t:5.0f} s  {e}" for t, e in events[-10:]) or "none yet")
     return Group(
-        Panel(Group(tbl, alarms, row_line([r for _, r in recs], limit_w)),
+        Panel(Group(tbl, alarms, row_line([r for _, r in recs], limit_w, *(
+            ["row under rlc: budgets as leases"] if rlc else [])), *rlc),
               title=f"rackplane demo: a row of {len(recs)} racks ({broker})",
               subtitle=f"{elapsed:5.0f} / {total:.0f} s"),
         Panel(ev, title="alarms and actions (row time)", subtitle=faults or None),
@@ -262,10 +272,12 @@ def row_view(recs: Sequence[tuple[str, Recorder]], limit_w: float, elapsed: floa
 
 def write_row_plot(path: Path, recs: Sequence[tuple[str, Recorder]],
                    faults: Sequence[tuple[str, float, str]], limit_w: float,
-                   points: Sequence[tuple[float, float | None]]) -> None:
+                   points: Sequence[tuple[float, float | None]],
+                   granted: Sequence[tuple[float, float]] | None = None) -> None:
     """The row at a glance (PNG): each rack's racky power and their Σ against the row limit,
     each rack's supply error (valvey's PV − setpoint) with the ±0.5 K band; ``faults``
-    (rack, plant s, what) marked on the row's time axis."""
+    (rack, plant s, what) marked on the row's time axis; ``granted``: Σ of rlc's leases
+    (row s, W; `harness.demo.fleet`), a step line (None: a row without rlc)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -286,6 +298,9 @@ def write_row_plot(path: Path, recs: Sequence[tuple[str, Recorder]],
         stacks = [[w / 1000 for w in held_at(rack_power_series(rec, t0), heard)]
                   for _, rec in recs]
         ax[0].stackplot(heard, stacks, labels=[f"{n} (racky)" for n, _ in recs], alpha=0.6)
+    if granted:
+        ax[0].step([t for t, _ in granted], [w / 1000 for _, w in granted], where="post",
+                   color="black", lw=1, label="Σ rlc leases")
     ax[0].axhline(limit_w / 1000, color="tab:red", ls="--", lw=1, label="row limit")
     ax[0].set_ylabel("kW")
     ax[0].legend(loc="center right", fontsize=8)
@@ -301,7 +316,8 @@ def write_row_plot(path: Path, recs: Sequence[tuple[str, Recorder]],
         ax[0].annotate(f"{name}: {what}", (t, 0.02), xycoords=("data", "axes fraction"),
                        fontsize=7, color="tab:purple", rotation=90, va="bottom", ha="right")
     fig.suptitle(f"the row: {len(recs)} racks, Σ racky power against the row limit "
-                 f"({limit_w / 1000:.0f} kW; row without rlc)", fontsize=10)
+                 f"({limit_w / 1000:.0f} kW; "
+                 f"{'under rlc' if granted is not None else 'row without rlc'})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

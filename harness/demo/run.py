@@ -18,6 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from harness.demo.fleet import RowFleet, start_row_fleet
 from harness.demo.procs import (
     BROKER_PROBE_S,
     DEMO_RACK,
@@ -165,11 +166,13 @@ async def run_demo(
     out_root: Path = Path("demo-output"),
     console: Console | None = None,
     racks: int = 1,
+    nats_server: str | None = None,
 ) -> DemoSummary | RowSummary:
     """Run the demo (`harness.demo`) for ``duration_s`` (default the scenario's length) on
     ``racks`` racks (1..4, side by side on the one broker; `harness.demo.racks`) and return
     its summary (one rack: `DemoSummary`; a row: `RowSummary`); the run's files go to
-    ``out_root/<time>/``.
+    ``out_root/<time>/``. A row runs under rlc when a nats-server is found
+    (`harness.demo.fleet.find_nats_server`: ``nats_server`` a path or ``none``), else without.
 
     Raises:
         ConfigError: unknown scenario. BrokerUnreachable: ``broker`` accepts no connection.
@@ -229,6 +232,8 @@ async def run_demo(
         ):
             link.subscribe(topic, rack.rec.on_message, qos=0)
     recs = [(r.name, r.rec) for r in row]
+    fleet: RowFleet | None = None
+    no_rlc = ""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -243,7 +248,8 @@ async def run_demo(
         if len(row) == 1:
             return _view(sc, row[0].rec, elapsed, total, state)
         return row_view(recs, row_limit_w, elapsed, total, state, f"scripted faults: {faults}",
-                        loads={r.name: r.scenario.load.kind for r in row})
+                        {r.name: r.scenario.load.kind for r in row},
+                        *((fleet.lines(), fleet.events) if fleet else ()))
 
     try:
         for rack in row:
@@ -252,9 +258,14 @@ async def run_demo(
         dead = [r for r in row if r.sim is not None and r.sim.returncode is not None]
         if dead:
             raise RuntimeError(f"the simulator exited at start; see {dead[0].dir / 'sim.log'}")
+        if len(row) > 1:  # the row under rlc when NATS is there (harness.demo.fleet)
+            fleet, no_rlc = await start_row_fleet(row, row_limit_w, run_dir, nats_server,
+                                                  link, mqtt_host, mqtt_port, protocol,
+                                                  console)
         for rack in row:
             await start_daemons(rack, mqtt_host, mqtt_port, protocol)
         started = time.monotonic()
+        fleet_said = 0
         announced = False
         interactive = console.is_terminal
         last_print = 0.0
@@ -272,6 +283,9 @@ async def run_demo(
                     break
                 gone = [n for r in row for n, pr in r.processes()
                         if pr is not None and pr.returncode is not None]
+                if fleet is not None:
+                    gone += [n for n in (fleet.gone(),) if n]
+                    await fleet.tick(started, rackctl_cfg, {r.name: r.rec for r in row})
                 if gone:
                     who = gone[0].replace(f" ({DEMO_RACK})", "") if len(row) == 1 else gone[0]
                     console.print(f"[red]{who} exited early; logs in {run_dir}[/]")
@@ -306,19 +320,31 @@ async def run_demo(
                             console.print(f"[t = {t_ev:5.1f} s] {who}{ev}", markup=False,
                                           highlight=False, soft_wrap=True)
                         events_said[i] = len(r.rec.events)
+                    if fleet is not None:  # rlc's side, on the row's time axis
+                        t0r = row_t0([r.rec for r in row]) or started
+                        for t_ev, ev in fleet.events[fleet_said:]:
+                            console.print(f"[t = {t_ev - t0r:5.1f} s] {ev}", markup=False,
+                                          highlight=False, soft_wrap=True)
+                        fleet_said = len(fleet.events)
                 if live is None and elapsed - last_print >= 10:
                     last_print = elapsed
                     for r in row:
                         _print_progress(console, r.rec, elapsed, total,
                                         "" if len(row) == 1 else r.name)
                     if len(row) > 1:
+                        note = ["row under rlc"] if fleet else []
                         console.print(f"[{elapsed:5.0f}/{total:.0f} s] "
-                                      f"{row_line([r.rec for r in row], row_limit_w)}",
+                                      f"{row_line([r.rec for r in row], row_limit_w, *note)}",
                                       markup=False, highlight=False, soft_wrap=True)
+                    for fl in fleet.lines() if fleet is not None else ():
+                        console.print(f"[{elapsed:5.0f}/{total:.0f} s] {fl}", markup=False,
+                                      highlight=False, soft_wrap=True)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.5)
     finally:
         await asyncio.gather(*(stop_rack(r) for r in row))
+        if fleet is not None:
+            await fleet.stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(link.stop(), 3)
         link_task.cancel()
@@ -334,7 +360,7 @@ async def run_demo(
     summaries = [finish_rack(r, console, lost_broker, len(row)) for r in row]
     if len(row) == 1:
         return summaries[0]
-    return _finish_row(row, summaries, row_limit_w, run_dir, console)
+    return _finish_row(row, summaries, row_limit_w, run_dir, console, fleet, no_rlc)
 
 
 def _print_progress(console: Console, rec: Any, elapsed: float, total: float,
@@ -358,29 +384,38 @@ def _print_progress(console: Console, rec: Any, elapsed: float, total: float,
 
 
 def _finish_row(row: list[DemoRack], summaries: list[DemoSummary], limit_w: float,
-                run_dir: Path, console: Console) -> RowSummary:
-    """The row's figures, item and plot from the racks' records; summary.json/.md of the
-    row (each rack's summary inside) in the run folder."""
+                run_dir: Path, console: Console, fleet: RowFleet | None = None,
+                no_rlc: str = "") -> RowSummary:
+    """The row's figures, items and plot from the racks' records (with rlc: its items from
+    what `harness.demo.fleet` recorded); summary.json/.md of the row (each rack's summary
+    inside) in the run folder."""
     recs = [(r.name, r.rec) for r in row]
     t0 = row_t0([r.rec for r in row]) or 0.0
     points = row_power([rack_power_series(r.rec, t0) for r in row])
     item = row_power_item(points, limit_w, len(row))
+    items = [item] + (fleet.check_items({r.name: r.rec for r in row}, t0) if fleet else [])
     plot: Path | None = run_dir / "row.png"
     try:
         assert plot is not None
         write_row_plot(plot, recs, [(r.name, f.at_s, f"{f.kind} {f.target()}") for r in row
-                                    for f in r.scenario.faults], limit_w, points)
+                                    for f in r.scenario.faults], limit_w, points,
+                       fleet.granted_series(t0) if fleet else None)
     except Exception as err:  # a plot problem must not lose the summary
         console.print(f"[yellow]row plot not written: {err}[/]")
         plot = None
     budgets = {r.name: r.budget_w for r in row}
+    if fleet is not None:  # the last lease of each rack
+        budgets = {r: x.value_w for r, x in fleet.latest().items()}
     summary = RowSummary(
         racks=summaries, row_limit_w=limit_w, budgets_w=budgets,
-        checklist=[item.as_dict()], plot=str(plot) if plot else None, run_dir=str(run_dir),
-        coordination=(f"row without rlc: no NATS, no rlc; the row limit {limit_w / 1000:.0f} "
-                      f"kW is split evenly into the racks' racky budgets "
-                      f"({', '.join(f'{k} {v / 1000:.0f} kW' for k, v in budgets.items())}), "
-                      "which nothing moves during the run"),
+        checklist=[c.as_dict() for c in items], plot=str(plot) if plot else None,
+        run_dir=str(run_dir),
+        coordination=fleet.coordination() if fleet is not None else (
+            f"{no_rlc or 'row without rlc'}; the row limit {limit_w / 1000:.0f} "
+            f"kW is split evenly into the racks' racky budgets "
+            f"({', '.join(f'{k} {v / 1000:.0f} kW' for k, v in budgets.items())}), "
+            "which nothing moves during the run"),
+        rlc=fleet.as_dict(t0) if fleet is not None else None,
         row_power=[(round(t, 2), p) for t, p in points],
         **row_figures(points, limit_w),
     )

@@ -1,7 +1,10 @@
-"""``rackctl demo --racks 2`` (issue 20, a row, step 1): two racks side by side on the one
-embedded broker, each its own simulator, valvey and racky under its own identity (r12, r13),
-the link flap on the first and the pump trip on the second; each rack's summary, checklist
-and plot, and the row's power against its limit computed from the recorded rack powers."""
+"""``rackctl demo --racks 2`` (issue 20, a row): two racks side by side on the one embedded
+broker, each its own simulator, valvey and racky under its own identity (r12, r13), the link
+flap on the first and the pump trip on the second; each rack's summary, checklist and plot,
+and the row's power against its limit computed from the recorded rack powers. Without rlc
+(``--nats-server none``), and under rlc on a real nats-server (`harness.demo.fleet`): the
+row's leases and a validation campaign taking the new rack r13 into production, the rlc
+checklist items checked from the recorded data."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_demo import FAULTS_SHORT
+from tests.servers import require_binary
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +32,7 @@ def test_two_racks_run_side_by_side_with_the_row_power_against_its_limit(
     t0 = time.monotonic()
     r = subprocess.run(
         [sys.executable, "-m", "rackctl", "demo", "--racks", "2", "--scenario", str(scenario),
-         "--out", str(out)],
+         "--out", str(out), "--nats-server", "none"],  # the row without rlc (no NATS)
         capture_output=True, text=True, timeout=150, cwd=tmp_path,
     )
     wall_s = time.monotonic() - t0
@@ -66,7 +70,9 @@ def test_two_racks_run_side_by_side_with_the_row_power_against_its_limit(
     # the row: Σ of the recorded rack powers against the row limit (2 × 140 kW)
     assert row["row_limit_w"] == 280_000.0
     assert row["budgets_w"] == {"r12": 140_000.0, "r13": 140_000.0}
-    assert row["coordination"].startswith("row without rlc")
+    assert row["coordination"].startswith("row without rlc: no nats-server wanted")
+    assert "sudo apt-get install nats-server" in row["coordination"] and row["rlc"] is None
+    assert not (run_dir / "nats").exists() and not (run_dir / "rlc.toml").exists()
     points = [p for _, p in row["row_power"] if p is not None]
     assert len(points) > 20 and row["instants"] == len(row["row_power"])
     peaks = [racks[n]["racky"]["rack_power_max_w"] for n in ("r12", "r13")]
@@ -89,3 +95,72 @@ def test_two_racks_run_side_by_side_with_the_row_power_against_its_limit(
     assert f"r13 (load step): {ok13}/{n13} checklist items checked; lifecycle production" \
         in r.stdout
     print(f"--racks 2 wall {wall_s:.1f} s; row item: {item}")
+
+
+ROW_RLC = """
+name = "demo-row-rlc"
+description = "a row under rlc, short: load step at 10 s, no scripted faults"
+duration_s = 75.0
+seed = 1
+
+[plant]
+rack_max_power_w = 132000.0
+model = "rack"
+
+[load]
+kind = "step"
+low_w = 39600.0
+high_w = 132000.0
+step_at_s = 10.0
+"""
+"""The demo's plant without faults, long enough for the row's campaign (rlc up, leases,
+``rackctl campaign start``, a 20 s stage, the production order)."""
+
+
+def test_a_row_under_rlc_grants_leases_within_the_limit_and_validates_the_new_rack(
+        tmp_path: Path) -> None:
+    nats = require_binary("nats-server", "nats-server")  # skipped (CI=true: failed) if missing
+    scenario = tmp_path / "demo-row-rlc.toml"
+    scenario.write_text(ROW_RLC)
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "rackctl", "demo", "--racks", "2", "--scenario", str(scenario),
+         "--out", str(out), "--nats-server", nats],
+        capture_output=True, text=True, timeout=170, cwd=tmp_path,
+    )
+    wall_s = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (run_dir,) = out.iterdir()
+    row = json.loads((run_dir / "summary.json").read_text())
+    assert row["coordination"].startswith("row under rlc"), row["coordination"]
+    rlc = row["rlc"]
+    assert rlc["rlc_exit_code"] == 0 and rlc["campaign_start_exit_code"] == 0, rlc
+    assert rlc["new_rack"] == "r13" and rlc["campaign"]["campaign_id"] == "demo-r13"
+    items = {c["label"].split(" ")[0]: c for c in row["checklist"]}
+    assert set(items) == {"row", "new"}, row["checklist"]
+    row_items = [c for c in row["checklist"] if c["label"].startswith("row")]
+    assert len(row_items) == 2, row_items
+    for c in row["checklist"]:
+        assert c["ok"], c
+    # the lease item from the leases themselves: every rack had leases, none summed above
+    leases = rlc["leases"]
+    assert {x["rack"] for x in leases} == {"r12", "r13"}
+    last: dict[str, float] = {}
+    for x in sorted(leases, key=lambda x: (x["issued_row_t_s"], x["epoch"], x["seq"])):
+        last[x["rack"]] = x["value_w"]
+        assert sum(last.values()) <= row["row_limit_w"] + 1.0, (x, last)
+    assert row["budgets_w"] == last
+    # the new rack: provisioning -> validating -> ... -> production, on rlc's order
+    racks = {s["rack"]: s for s in row["racks"]}
+    assert racks["r13"]["racky"]["lifecycle"] == "production"
+    assert racks["r12"]["racky"]["lifecycle"] == "production"
+    st = rlc["campaign"]["racks"]["r13"]
+    assert st["status"] == "production" and "rack" in st["passes"], st
+    # what the run said: rlc's state, the operator's command, the items
+    assert "row under rlc" in r.stdout and "rackctl campaign start" in r.stdout
+    assert "validated into production by rlc's campaign" in r.stdout
+    assert (run_dir / "rlc.toml").is_file() and (run_dir / "nats" / "nats.log").is_file()
+    assert "nats" not in r.stderr.lower()  # NATS's output never on the console
+    assert (run_dir / "row.png").read_bytes()[:8] == PNG
+    print(f"--racks 2 under rlc wall {wall_s:.1f} s; {row['checklist']}")

@@ -139,3 +139,22 @@ def test_step_windows_end_at_the_next_scripted_fault() -> None:
                                    ("load step down", 110.0, 140.0)]
     flap = next(f for f in SC.faults if f.kind == "link_flap")
     assert fault_end_s(flap) == 104.0  # the 3rd down (102 s) lasts 2 s
+
+
+def test_an_alarm_the_setup_explains_is_expected_only_with_its_message() -> None:
+    # under rlc (harness.demo.fleet) racky caps the trays to its budget, rlc's lease
+    explained = {"racky:power_capped": ("from budget", "capped to rlc's lease")}
+    rec = _recording(takeover=True, flap_alarm=True, extra_alarm=False)
+    _feed(rec, 111.0, "racky/alarm/power_capped", {"message": "limit 140.0 kW from budget"})
+    (item,) = [c for c in checklist(SC, rec, STEPS, 170.0, explained)
+               if c.label == "no unexpected alarms"]
+    assert item.ok and item.detail == (
+        "4 alarm(s) raised, each by a scripted fault or the run's setup (racky:power_capped: "
+        "capped to rlc's lease)")
+    (without,) = [c for c in checklist(SC, rec, STEPS, 170.0) if c.label == "no unexpected alarms"]
+    assert not without.ok
+    # the same alarm for another reason (tray protection) is not explained by the setup
+    other = _recording(takeover=True, flap_alarm=True, extra_alarm=True)  # "rack power capped"
+    (odd,) = [c for c in checklist(SC, other, STEPS, 170.0, explained)
+              if c.label == "no unexpected alarms"]
+    assert not odd.ok and "racky:power_capped at t = 111.0 s" in odd.detail
