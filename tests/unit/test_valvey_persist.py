@@ -43,7 +43,10 @@ def make_cfg(tmp: Path, **supply_loop: Any) -> ValveyConfig:
 
 
 def write_toml(path: Path, tmp: Path, setpoint_c: float) -> None:
-    path.write_text(f'[spool]\ndirectory = "{tmp / "spool"}"\n'
+    # a config file names what valvey needs (rackplane.config: identity, the CDU); the model
+    # defaults of make_cfg are the same values
+    path.write_text('[identity]\nsite = "lab"\nrack = "rack1"\n[cdu]\nhost = "127.0.0.1"\n'
+                    f'[spool]\ndirectory = "{tmp / "spool"}"\n'
                     f'[commands.users]\nop1 = "operator"\n'
                     f'[supply_loop]\nsetpoint_c = {setpoint_c}\n')
 
