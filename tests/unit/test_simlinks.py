@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from harness.simagent import SimTrayFace, agent_config
-from harness.simlinks import COUNTER_SPECS, SimLinks
+from harness.simlinks import SimLinks
 from rackplane.clock import FakeClock
 from rackplane.settings import Identity, MqttSettings
 from racky.config import RackyConfig
