@@ -287,12 +287,15 @@ class SimBmc:
 def agent_config(ident: Identity, mqtt: MqttSettings, n_trays: int, gpus_per_tray: int, *,
                  daemon: str = "trays", epoch_file: Path, tick_s: float = 1.0,
                  safe_gpu_cap_w: float = 700.0,
-                 gpu_ports: list[list[str]] | None = None) -> TrayAgentConfig:
+                 gpu_ports: list[list[str]] | None = None,
+                 spool_dir: Path | None = None) -> TrayAgentConfig:
     """The tray agent's config for a virtual rack: every tray hosted, NVML device = rack GPU,
     the agents' topic level ``daemon`` (racky's ``node_agents.daemon``; not ``sim``, the
     simulator's own command level, which still answers ``get_power_limits``).
     ``gpu_ports``: per rack GPU its link ports (`SimTrayFace.gpu_ports`; the link reader is
     `SimLinks`, passed to the agent in place of sysfs); None: no ports published.
+    ``spool_dir``: the agent's telemetry spool (None: the default, ``spool/tray-agent-...``
+    under the working folder).
 
     Raises:
         pydantic.ValidationError: a bad figure, or ``gpu_ports`` not one list per GPU with
@@ -312,6 +315,7 @@ def agent_config(ident: Identity, mqtt: MqttSettings, n_trays: int, gpus_per_tra
         "sysfs": {"enabled": gpu_ports is not None},
         "caps": {"safe_gpu_cap_w": safe_gpu_cap_w, "epoch_file": str(epoch_file)},
         "commands": {"default_role": "automation"},
+        **({} if spool_dir is None else {"spool": {"directory": str(spool_dir)}}),
     })
 
 
@@ -327,13 +331,13 @@ class RackAgent:
 def build_rack_agent(scenario: str | Scenario, ident: Identity, mqtt: MqttSettings, *,
                      epoch_file: Path, duration_s: float | None = None,
                      modbus_port: int = 0, shelf_modbus_port: int = 0,
-                     ground_truth_path: Path | None = None,
+                     ground_truth_path: Path | None = None, spool_dir: Path | None = None,
                      limit_delay_s: float = LIMIT_DELAY_S, daemon: str = "trays",
                      safe_gpu_cap_w: float = 700.0) -> RackAgent:
     """The virtual rack (``scenario``: a bundled name, a TOML path or a loaded scenario;
     stretched to ``duration_s`` when given, else its own length) with its own node agents
     off, on its Modbus ports (0: a free one), and one tray agent hosting its trays and
-    their link ports through a `SimTrayFace`.
+    their link ports through a `SimTrayFace` (its spool in ``spool_dir``, `agent_config`).
 
     Raises:
         ConfigError: the scenario does not load. ValueError / RuntimeError: the simulator
@@ -351,7 +355,7 @@ def build_rack_agent(scenario: str | Scenario, ident: Identity, mqtt: MqttSettin
     comp = sim.rack.compute
     cfg = agent_config(ident, mqtt, comp.n_trays, comp.gpus_per_tray, daemon=daemon,
                        epoch_file=epoch_file, safe_gpu_cap_w=safe_gpu_cap_w,
-                       gpu_ports=face.gpu_ports())
+                       gpu_ports=face.gpu_ports(), spool_dir=spool_dir)
     gpus, bmcs = face.sources()
     agent = TrayAgent(cfg, source=gpus, bmcs=bmcs, bmc_max_age_s=5.0, links=face.links())
     return RackAgent(sim, face, agent)
@@ -384,6 +388,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the injected faults (JSON) here")
     p.add_argument("--epoch-file", type=Path, required=True,
                    help="the agent's cap-epoch state file")
+    p.add_argument("--spool-dir", type=Path, default=None,
+                   help="the agent's telemetry spool (default: spool/tray-agent-<site>-<row>-"
+                   "<rack> under the working folder)")
     p.add_argument("--figures", type=Path, default=None,
                    help="JSON written at exit: CPU accounting and counts")
     p.add_argument("--log-level", default="info",
@@ -400,7 +407,8 @@ def _main(argv: list[str] | None = None) -> int:
                       clean_session=True, reconnect_min_s=0.1, reconnect_max_s=1.0)
     ra = build_rack_agent(a.scenario, ident, mq, epoch_file=a.epoch_file,
                           duration_s=a.duration_s, modbus_port=a.modbus_port,
-                          shelf_modbus_port=a.shelf_port, ground_truth_path=a.ground_truth)
+                          shelf_modbus_port=a.shelf_port, ground_truth_path=a.ground_truth,
+                          spool_dir=a.spool_dir)
 
     async def go() -> None:
         stop = asyncio.Event()

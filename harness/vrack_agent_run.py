@@ -154,6 +154,7 @@ async def run(duration_s: float, workdir: Path, broker_port: int | None = None
         sys.executable, "-m", "harness.simagent", "--mqtt-port", str(port),
         "--rack", rack, "--shelf-port", str(shelf_port), "--duration-s",
         str(duration_s + 600.0), "--epoch-file", str(workdir / "epochs.json"),
+        "--spool-dir", str(workdir / "tray-agent-spool"),
         "--figures", str(figures_path), stdout=child_log, stderr=child_log)
     watch = _CommandWatch()
     link = MqttLink(MqttSettings(port=port, clean_session=True,

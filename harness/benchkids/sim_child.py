@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
         scenario, Identity(site=site, rack=rack),
         MqttSettings(host="127.0.0.1", port=mqtt_port, protocol="5", clean_session=True),
         epoch_file=out.with_name(out.stem + "-epochs.json"), modbus_port=modbus_port,
-        shelf_modbus_port=shelf_port)
+        shelf_modbus_port=shelf_port, spool_dir=out.with_name("tray-agent-spool"))
 
     async def go() -> None:
         stop = asyncio.Event()

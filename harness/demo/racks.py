@@ -134,14 +134,15 @@ async def start_sim(rack: DemoRack, mqtt_host: str, mqtt_port: int, protocol: st
     """Start the rack's simulator under its identity, real time, its trays through the real
     tray agent in the same process (``python -m harness.simagent``: the virtual rack with its
     own node agents off, one `trayagent.app.TrayAgent` hosting its trays; the agent's cap
-    epochs in ``tray-agent-epochs.json``)."""
+    epochs in ``tray-agent-epochs.json``, its spool in ``tray-agent-spool/``)."""
     rack.sim = await spawn(
         [sys.executable, "-m", "harness.simagent", "--scenario", rack.scenario_ref,
          "--modbus-port", str(rack.modbus_port), "--shelf-modbus-port", str(rack.shelf_port),
          "--site", DEMO_SITE, "--rack", rack.name, "--mqtt-host", mqtt_host,
          "--mqtt-port", str(mqtt_port), "--mqtt-protocol", protocol, "--log-format", "json",
          "--ground-truth", str(rack.dir / "ground-truth.json"),
-         "--epoch-file", str((rack.dir / "tray-agent-epochs.json").resolve())],
+         "--epoch-file", str((rack.dir / "tray-agent-epochs.json").resolve()),
+         "--spool-dir", str((rack.dir / "tray-agent-spool").resolve())],
         rack.dir / "sim.log",
     )
 

@@ -77,6 +77,7 @@ def test_demo_runs_on_embedded_defaults(tmp_path: Path) -> None:
     assert summary["trays"].startswith("18 trays per rack through the real tray agent")
     assert "trays: 18 trays per rack through the real tray agent" in r.stdout
     assert 'daemon = "trays"' in (run_dir / "racky.toml").read_text()
+    assert (run_dir / "tray-agent-spool").is_dir()  # the agent's own files in the run folder
     # The spool is line protocol a replay can send: the loop's own measurement is in it.
     seg = next((run_dir / "spool").glob("*.lp")).read_text()
     assert seg.startswith("# rackplane-spool v1") and "\npid," in seg
