@@ -1,23 +1,25 @@
 """A row per host (issue 20 item 3): the daemons of 1 rack, then of 8 racks, on one host.
 
-Each rack is one simulator process (`harness.benchkids.sim_child`: ``rack-sim run`` of
-``healthy-24h``, the whole virtual rack with its CDU and 8 power shelves on the rack's own
-Modbus ports and its own node agents publishing every tray's telemetry with link ports), one
-valvey and one racky (`harness.benchkids.daemon_child`: their console scripts' path), all
-on the suite's Mosquitto and VictoriaMetrics. An observer (`harness.benchkids.row_watch`)
-hears the simulators' published clock and the daemons' self-metrics (``state/health``).
+Each rack is one simulator process (`harness.benchkids.sim_child`: ``healthy-24h`` on the
+whole virtual rack with its CDU and 8 power shelves on the rack's own Modbus ports, its 18
+trays and their link ports published by the real tray agent in the same process, as in the
+demo: `harness.simagent`), one valvey and one racky (`harness.benchkids.daemon_child`: their
+console scripts' path), all on the suite's Mosquitto and VictoriaMetrics. An observer
+(`harness.benchkids.row_watch`) hears the simulators' published clock and the daemons'
+self-metrics (``state/health``).
 
 Measured over a window after every simulator has published and a warm-up:
 
 - the daemons' CPU: user + system CPU-s of the valvey and racky processes (``/proc``) over
-  the window / its wall s (cores); the simulators' beside it (context);
+  the window / its wall s (cores); the simulator processes' (simulator and tray agent)
+  beside it (context);
 - tick lateness: every control tick's lateness as the daemon's `TickStats` records it (each
   tick stamped on the system-wide monotonic clock by daemon_child), the window's ticks;
   p99 per daemon process, the worst of them; the self-metrics' ``tick_late_last_s`` heard
   over MQTT gives a sampled p99 beside it;
 - samples lost: the daemons' own counters (``telemetry_dropped_lines`` +
   ``telemetry_rejected_lines`` of their last ``state/health``); tray messages lost: the
-  simulators' ``telemetry/trayNN`` messages - those racky parsed (the daemons subscribe
+  tray agents' ``telemetry/trayNN`` messages - those racky parsed (the daemons subscribe
   before the simulators start and stop after them, with a drain);
 - simulator lag: per simulator, wall s elapsed minus plant s run between its first and its
   last ``telemetry/plant`` message, both read from the message (``ts_ns`` and ``t_s``, its
@@ -297,6 +299,7 @@ def _configs(tmp: Path, srv: Servers, rack: str, mb_port: int, shelf_port: int
                    "mqtt": _mqtt(srv, f"racky-{rack}"),
                    "spool": {"directory": str(d / "racky-spool")},
                    "power": {"budget_w": BUDGET_W},
+                   "node_agents": {"daemon": "trays"},  # the tray agent's level (sim_child)
                    "lifecycle": {"state_file": str(d / "racky-state.json")},
                    "validation": {"report_dir": str(d / "validation")},
                    "power_shelves": [{**_modbus(shelf_port), "name": f"shelf{i}",

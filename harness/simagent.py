@@ -1,5 +1,6 @@
-"""The virtual rack speaking through the real tray agent: a simulated GPU source and BMC for
-`trayagent.app.TrayAgent`, reading the trays of a `sims.row.VirtualRack` in this process.
+"""The virtual rack speaking through the real tray agent: a simulated GPU source, BMC and link
+source for `trayagent.app.TrayAgent`, reading the trays of a `sims.row.VirtualRack` in this
+process.
 
 `SimTrayFace` is the hardware side: a step hook of the simulator (`VirtualRackSimulator.
 step_hooks`, run in the event loop after each 0.1 s plant step) that takes an immutable
@@ -18,13 +19,19 @@ under one lock; the rack itself is touched only in the loop.
   NVML refuses it (the agent clamps first).
 - `SimBmc` (`trayagent.sources.BmcReader`): tray input power, coolant outlet temperature and
   the tray's leak sensor (wet / faulted).
-
-Link ports are not published through this source (the agent's port path is the sysfs NIC
-path; the virtual rack's NVLink ports have no NVML path in the agent yet).
+- `harness.simlinks.SimLinks` (`trayagent.sources.LinkReader`): every GPU's link ports (18
+  NVLink + 2 NIC on the NVL72 fabric) from the `harness.simlinks.LinkSnapshot` the face
+  takes with each fabric step (kept in the snapshot between steps): link state, speed and
+  the fabric's counters at their widths. The agent's config names each GPU's ports
+  (``agents.trays[].gpu_ports``, `agent_config`), so it publishes them as each GPU's port
+  block under the fabric's names (``gpu07/nic1``), NVLink ports flagged ``nvlink``, with
+  rates from the counters; racky's link rules read them as from any agent.
 
 `run_rack_agent` runs the simulator (``node_agents="external"``) and the agent in one
-process; ``python -m harness.simagent`` does it from the command line and writes its CPU
-accounting as JSON at exit (`harness.vrack_agent_run` reads it).
+process; ``python -m harness.simagent`` does it from the command line (the options of
+``rack-sim run`` that the demo uses: scenario name or file, Modbus ports, identity, broker,
+ground truth, log format) and writes its CPU accounting as JSON at exit when ``--figures``
+is given (`harness.vrack_agent_run` reads it).
 """
 
 from __future__ import annotations
@@ -43,11 +50,13 @@ from typing import Any
 
 import numpy as np
 
+from harness.simlinks import LinkSnapshot, SimLinks, gpu_port_names, link_snapshot
 from rackplane.clock import SYSTEM_CLOCK, Clock
+from rackplane.log import configure_logging
 from rackplane.settings import Identity, MqttSettings
 from sims.row import VirtualRack
 from sims.runtime import VirtualRackSimulator
-from sims.scenario import load_scenario
+from sims.scenario import Scenario, load_scenario
 from trayagent.app import TrayAgent
 from trayagent.config import TrayAgentConfig
 from trayagent.core.bmc import BmcReading, LeakState
@@ -83,6 +92,8 @@ class TraySnapshot:
     coolant_out_c: list[float]
     tray_leak: list[bool]
     tray_sensor_fault: list[bool]
+    links: LinkSnapshot | None = None
+    """The fabric at its last step (the same object until it steps again); None: no fabric."""
 
 
 class SimTrayFace:
@@ -111,6 +122,7 @@ class SimTrayFace:
         self._energy_j = np.zeros(self.n_gpus)
         self._last_mono: float | None = None
         self._snap: TraySnapshot | None = None
+        self._links: LinkSnapshot | None = None
         self.limits_applied = 0
 
     def request_limit(self, gpu: int, watts: float) -> None:
@@ -125,9 +137,15 @@ class SimTrayFace:
         with self._lock:
             return self._snap
 
+    def link_snapshot(self) -> LinkSnapshot | None:
+        """The fabric's newest `LinkSnapshot` (None: no fabric, or before the first step)."""
+        s = self.snapshot()
+        return None if s is None else s.links
+
     def on_step(self, vr: VirtualRack, now: float) -> None:
         """The simulator's step hook (event loop): apply the limits that are due, integrate
-        the energy counters, take a new snapshot."""
+        the energy counters, take a new snapshot (the fabric's part only when it has
+        stepped)."""
         with self._lock:
             due = [p for p in self._pending if p[0] <= now]
             if due:
@@ -141,6 +159,9 @@ class SimTrayFace:
         self._last_mono = now
         limit = vr.agents.gpu_power_limit_w
         on = tr.gpu_on.astype(bool)
+        fab = vr.fabric
+        if fab is not None and (self._links is None or fab.time_s != self._links.t_s):
+            self._links = link_snapshot(fab, now)
         snap = TraySnapshot(
             mono=now,
             power_w=tr.gpu_power_w.astype(np.float64).tolist(),
@@ -156,6 +177,7 @@ class SimTrayFace:
             coolant_out_c=tr.tray_coolant_out_c.astype(np.float64).tolist(),
             tray_leak=tr.leaks.tray_leak.astype(bool).tolist(),
             tray_sensor_fault=tr.leaks.tray_sensor_fault.astype(bool).tolist(),
+            links=self._links,
         )
         with self._lock:
             self._snap = snap
@@ -164,6 +186,16 @@ class SimTrayFace:
         """The agent's GPU source and one BMC reader per tray."""
         return SimGpuSource(self), {k: SimBmc(self, k)
                                     for k in range(self.rack.compute.n_trays)}
+
+    def links(self) -> SimLinks | None:
+        """The agent's link source over the rack's fabric (None: the rack has none)."""
+        fab = self.rack.fabric
+        return None if fab is None else SimLinks(self, fab.port_names())
+
+    def gpu_ports(self) -> list[list[str]] | None:
+        """Every rack GPU's port names (the fabric's), None without a fabric."""
+        fab = self.rack.fabric
+        return None if fab is None else gpu_port_names(fab.port_names(), self.n_gpus)
 
 
 class SimGpuSource:
@@ -254,18 +286,36 @@ class SimBmc:
 
 def agent_config(ident: Identity, mqtt: MqttSettings, n_trays: int, gpus_per_tray: int, *,
                  daemon: str = "trays", epoch_file: Path, tick_s: float = 1.0,
-                 safe_gpu_cap_w: float = 700.0) -> TrayAgentConfig:
+                 safe_gpu_cap_w: float = 700.0,
+                 gpu_ports: list[list[str]] | None = None,
+                 spool_dir: Path | None = None) -> TrayAgentConfig:
     """The tray agent's config for a virtual rack: every tray hosted, NVML device = rack GPU,
     the agents' topic level ``daemon`` (racky's ``node_agents.daemon``; not ``sim``, the
-    simulator's own command level, which still answers ``get_power_limits``)."""
+    simulator's own command level, which still answers ``get_power_limits``).
+    ``gpu_ports``: per rack GPU its link ports (`SimTrayFace.gpu_ports`; the link reader is
+    `SimLinks`, passed to the agent in place of sysfs); None: no ports published.
+    ``spool_dir``: the agent's telemetry spool (None: the default, ``spool/tray-agent-...``
+    under the working folder).
+
+    Raises:
+        pydantic.ValidationError: a bad figure, or ``gpu_ports`` not one list per GPU with
+            the same number of ports each.
+    """
+    def ports(k: int) -> dict[str, Any]:
+        if gpu_ports is None:
+            return {}
+        return {"gpu_ports": gpu_ports[k * gpus_per_tray:(k + 1) * gpus_per_tray]}
+
     return TrayAgentConfig.model_validate({
         "identity": ident.model_dump(), "mqtt": mqtt.model_dump(),
         "control": {"tick_s": tick_s},
         "agents": {"daemon": daemon, "gpus_per_tray": gpus_per_tray, "trays": [
             {"tray": k, "nvml_devices": list(range(k * gpus_per_tray, (k + 1) * gpus_per_tray)),
-             "coolant_out_temp_c": 45.0} for k in range(n_trays)]},
+             "coolant_out_temp_c": 45.0, **ports(k)} for k in range(n_trays)]},
+        "sysfs": {"enabled": gpu_ports is not None},
         "caps": {"safe_gpu_cap_w": safe_gpu_cap_w, "epoch_file": str(epoch_file)},
         "commands": {"default_role": "automation"},
+        **({} if spool_dir is None else {"spool": {"directory": str(spool_dir)}}),
     })
 
 
@@ -278,23 +328,36 @@ class RackAgent:
     agent: TrayAgent
 
 
-def build_rack_agent(scenario: str, ident: Identity, mqtt: MqttSettings, *, epoch_file: Path,
-                     duration_s: float = 3600.0, shelf_modbus_port: int = 0,
+def build_rack_agent(scenario: str | Scenario, ident: Identity, mqtt: MqttSettings, *,
+                     epoch_file: Path, duration_s: float | None = None,
+                     modbus_port: int = 0, shelf_modbus_port: int = 0,
+                     ground_truth_path: Path | None = None, spool_dir: Path | None = None,
                      limit_delay_s: float = LIMIT_DELAY_S, daemon: str = "trays",
                      safe_gpu_cap_w: float = 700.0) -> RackAgent:
-    """The virtual rack (``scenario`` stretched to ``duration_s``, its own node agents off)
-    and one tray agent hosting its trays through a `SimTrayFace`."""
-    sc = load_scenario(scenario).model_copy(update={"duration_s": duration_s})
-    sim = VirtualRackSimulator(sc, modbus_port=0, shelf_modbus_port=shelf_modbus_port,
-                               identity=ident, mqtt=mqtt, node_agents="external")
+    """The virtual rack (``scenario``: a bundled name, a TOML path or a loaded scenario;
+    stretched to ``duration_s`` when given, else its own length) with its own node agents
+    off, on its Modbus ports (0: a free one), and one tray agent hosting its trays and
+    their link ports through a `SimTrayFace` (its spool in ``spool_dir``, `agent_config`).
+
+    Raises:
+        ConfigError: the scenario does not load. ValueError / RuntimeError: the simulator
+            cannot be built (as ``rack-sim run``).
+    """
+    sc = load_scenario(scenario) if isinstance(scenario, str) else scenario
+    if duration_s is not None:
+        sc = sc.model_copy(update={"duration_s": duration_s})
+    sim = VirtualRackSimulator(sc, modbus_port=modbus_port, shelf_modbus_port=shelf_modbus_port,
+                               identity=ident, mqtt=mqtt, node_agents="external",
+                               ground_truth_path=ground_truth_path)
     assert sim.rack is not None
     face = SimTrayFace(sim.rack, limit_delay_s=limit_delay_s)
     sim.step_hooks.append(face.on_step)
     comp = sim.rack.compute
     cfg = agent_config(ident, mqtt, comp.n_trays, comp.gpus_per_tray, daemon=daemon,
-                       epoch_file=epoch_file, safe_gpu_cap_w=safe_gpu_cap_w)
+                       epoch_file=epoch_file, safe_gpu_cap_w=safe_gpu_cap_w,
+                       gpu_ports=face.gpu_ports(), spool_dir=spool_dir)
     gpus, bmcs = face.sources()
-    agent = TrayAgent(cfg, source=gpus, bmcs=bmcs, bmc_max_age_s=5.0)
+    agent = TrayAgent(cfg, source=gpus, bmcs=bmcs, bmc_max_age_s=5.0, links=face.links())
     return RackAgent(sim, face, agent)
 
 
@@ -305,22 +368,47 @@ async def run_rack_agent(ra: RackAgent, stop: asyncio.Event) -> None:
         tg.create_task(ra.agent.run(stop))
 
 
-def _main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.simagent", description=__doc__)
-    p.add_argument("--scenario", default="load-step-short")
-    p.add_argument("--duration-s", type=float, default=3600.0)
-    p.add_argument("--mqtt-port", type=int, required=True)
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness.simagent", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenario", default="load-step-short", help="bundled name or a TOML path")
+    p.add_argument("--duration-s", type=float, default=None,
+                   help="stretch the scenario to this length, s (default: its own)")
+    p.add_argument("--modbus-port", type=int, default=0, help="the CDU's Modbus TCP port "
+                   "(0: a free one)")
+    p.add_argument("--shelf-modbus-port", "--shelf-port", dest="shelf_port", type=int,
+                   default=0, help="the power shelves' Modbus TCP port (0: a free one)")
+    p.add_argument("--site", default="lab")
+    p.add_argument("--row", default="row1")
     p.add_argument("--rack", required=True)
-    p.add_argument("--shelf-port", type=int, default=0)
-    p.add_argument("--epoch-file", type=Path, required=True)
-    p.add_argument("--figures", type=Path, required=True,
+    p.add_argument("--mqtt-host", default="127.0.0.1")
+    p.add_argument("--mqtt-port", type=int, required=True)
+    p.add_argument("--mqtt-protocol", default="5", choices=("3.1.1", "5"))
+    p.add_argument("--ground-truth", type=Path, default=None,
+                   help="write the injected faults (JSON) here")
+    p.add_argument("--epoch-file", type=Path, required=True,
+                   help="the agent's cap-epoch state file")
+    p.add_argument("--spool-dir", type=Path, default=None,
+                   help="the agent's telemetry spool (default: spool/tray-agent-<site>-<row>-"
+                   "<rack> under the working folder)")
+    p.add_argument("--figures", type=Path, default=None,
                    help="JSON written at exit: CPU accounting and counts")
-    a = p.parse_args(argv)
-    ident = Identity(rack=a.rack)
-    mq = MqttSettings(port=a.mqtt_port, clean_session=True, reconnect_min_s=0.1,
-                      reconnect_max_s=1.0)
+    p.add_argument("--log-level", default="info",
+                   choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-format", default="auto", choices=("auto", "json", "console"))
+    return p
+
+
+def _main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    configure_logging(a.log_level, a.log_format)
+    ident = Identity(site=a.site, row=a.row, rack=a.rack)
+    mq = MqttSettings(host=a.mqtt_host, port=a.mqtt_port, protocol=a.mqtt_protocol,
+                      clean_session=True, reconnect_min_s=0.1, reconnect_max_s=1.0)
     ra = build_rack_agent(a.scenario, ident, mq, epoch_file=a.epoch_file,
-                          duration_s=a.duration_s, shelf_modbus_port=a.shelf_port)
+                          duration_s=a.duration_s, modbus_port=a.modbus_port,
+                          shelf_modbus_port=a.shelf_port, ground_truth_path=a.ground_truth,
+                          spool_dir=a.spool_dir)
 
     async def go() -> None:
         stop = asyncio.Event()
@@ -335,7 +423,8 @@ def _main(argv: list[str] | None = None) -> int:
             "agent_read_cpu_s": ra.agent.read_cpu_s, "trays": len(ra.agent.gpus),
             "published": ra.agent.published_total, "limits_applied": ra.face.limits_applied,
             "pid": os.getpid()}
-        a.figures.write_text(json.dumps(figures, indent=2))
+        if a.figures is not None:
+            a.figures.write_text(json.dumps(figures, indent=2))
 
     asyncio.run(go())
     return 0

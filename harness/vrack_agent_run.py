@@ -64,6 +64,8 @@ class RunFigures:
     duration_s: float
     trays: int = 0
     tray_messages: int = 0
+    tray_messages_with_ports: int = 0
+    """Tray messages whose every GPU carried its link ports (the fabric's, `SimLinks`)."""
     refused_tray_messages: int = 0
     refused_commands: int = 0
     commands_ok: int = 0
@@ -98,6 +100,7 @@ class _CommandWatch:
         self.replies: dict[str, tuple[float, dict[str, Any]]] = {}
         self.trays: dict[int, dict[str, Any]] = {}
         self.tray_messages = 0
+        self.with_ports = 0
 
     def on_command(self, msg: Message) -> None:
         now = time.monotonic()
@@ -119,6 +122,10 @@ class _CommandWatch:
             return
         if isinstance(body, dict) and isinstance(body.get("tray"), int):
             self.tray_messages += 1
+            gpus = body.get("gpus")
+            if isinstance(gpus, list) and gpus and all(
+                    isinstance(g, dict) and isinstance(g.get("ports"), dict) for g in gpus):
+                self.with_ports += 1
             self.trays[body["tray"]] = body
 
 
@@ -147,6 +154,7 @@ async def run(duration_s: float, workdir: Path, broker_port: int | None = None
         sys.executable, "-m", "harness.simagent", "--mqtt-port", str(port),
         "--rack", rack, "--shelf-port", str(shelf_port), "--duration-s",
         str(duration_s + 600.0), "--epoch-file", str(workdir / "epochs.json"),
+        "--spool-dir", str(workdir / "tray-agent-spool"),
         "--figures", str(figures_path), stdout=child_log, stderr=child_log)
     watch = _CommandWatch()
     link = MqttLink(MqttSettings(port=port, clean_session=True,
@@ -230,6 +238,7 @@ def _fill(out: RunFigures, watch: _CommandWatch, figures_path: Path) -> None:
             if changed:
                 out.cap_change_latency_s.append(t_reply - t_sent)
     out.tray_messages = watch.tray_messages
+    out.tray_messages_with_ports = watch.with_ports
     out.enforced_gpu_caps_w = [watch.trays[k]["agent"]["enforced_gpu_cap_w"]
                                for k in sorted(watch.trays)]
     if not figures_path.exists():

@@ -212,16 +212,26 @@ class SysfsLinks:
 @dataclass(slots=True)
 class LinkRates:
     """Rates from successive `PortReading` s of each port (`counter_rate` rules: unknown when
-    the readings cannot vouch). ``max_rate_per_s``: the largest plausible rate, counts/s."""
+    the readings cannot vouch). ``max_rate_per_s``: the largest plausible rate, counts/s.
+
+    A reading stamped with the previous one's ``mono`` is the same sample again (a source
+    that samples its counters periodically, as the simulated fabric does each step, read
+    twice between two samples): it keeps the previous rates, not ``no_time``."""
 
     max_rate_per_s: float
     last: dict[str, PortReading] = field(default_factory=dict)
+    rates: dict[str, dict[str, Rate]] = field(default_factory=dict)
 
     def update(self, r: PortReading) -> dict[str, Rate]:
         """The rate of every counter of ``r`` since the port's previous reading (a first
-        reading: all unknown, ``missing``); ``r`` becomes the previous one."""
+        reading: all unknown, ``missing``; the same sample again: the previous rates);
+        ``r`` becomes the previous one."""
         prev = self.last.get(r.name)
         self.last[r.name] = r
+        if prev is not None and prev.mono == r.mono and prev.counters == r.counters:
+            same = self.rates.get(r.name)
+            if same is not None:
+                return same
         out = {}
         for k, v in r.counters.items():
             if prev is None or k not in prev.counters:
@@ -229,4 +239,5 @@ class LinkRates:
                 continue
             out[k] = counter_rate(r.specs[k], prev.counters[k], v, r.mono - prev.mono,
                                   self.max_rate_per_s)
+        self.rates[r.name] = out
         return out

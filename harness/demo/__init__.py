@@ -3,8 +3,11 @@
 Starts, on loopback and free ports:
 1. an MQTT broker: amqtt in this process (MQTT 3.1.1; its logging goes to ``broker.log`` in
    the run folder, never the console), or the Mosquitto given with --broker;
-2. the rack simulator (``rack-sim run``, real time: the CDU and 8 power shelves on Modbus
-   TCP, the trays' node agents and plant truth on MQTT) for rack ``r12`` at site ``lab``;
+2. the rack simulator (``python -m harness.simagent``, real time: the CDU and 8 power
+   shelves on Modbus TCP, plant truth on MQTT, and the 18 trays through the real tray agent,
+   ``trayagent``, its NVML, BMC and link sources simulated: GPU power and caps, the trays'
+   BMC figures and every GPU's link ports of the virtual rack's fabric) for rack ``r12`` at
+   site ``lab``; racky reads the trays from the agent (``node_agents.daemon = "trays"``);
 3. racky (the real daemon, as a subprocess) reading the power shelves, publishing the rack's
    power, lifecycle and budget;
 4. valvey (the real daemon) on the CDU, its feedforward from racky's rack power, its spool in

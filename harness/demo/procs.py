@@ -24,6 +24,8 @@ __all__ = [
     "RACKY_QUARANTINE_ON",
     "RACK_NAMES",
     "SHELVES",
+    "TRAYS_VIA",
+    "TRAY_AGENTS",
     "BrokerUnreachable",
     "access_lines",
     "embedded_broker_problem",
@@ -57,6 +59,13 @@ SHELVES = 8
 RACKY_BUDGET_W = 140_000.0
 """racky's rack power budget in the demo, W: above the scenario's 132 kW peak, so racky
 watches the load step without capping it (``set_budget`` below it caps the trays)."""
+
+TRAY_AGENTS = "trays"
+"""The topic level the demo's tray agents publish and take commands at (racky's
+``node_agents.daemon``; `harness.simagent.agent_config`'s ``daemon``)."""
+TRAYS_VIA = ("18 trays per rack through the real tray agent (trayagent, one per rack), "
+             "simulated NVML/BMC/link sources")
+"""How the demo's trays report (said in each rack's summary)."""
 
 RACKY_INITIAL_STATE = "production"
 """The demo's rack starts in production (racky's ``[lifecycle] initial_state``; a new rack
@@ -172,11 +181,13 @@ def racky_config(run_dir: Path, shelf_port: int, host: str, port: int,
                  budget_w: float = RACKY_BUDGET_W) -> dict[str, Any]:
     """racky's config for ``rack``: the sim's 8 power shelves, the budget (W), its state,
     spool and reports in ``run_dir``, the lifecycle (`RACKY_INITIAL_STATE`,
-    `RACKY_QUARANTINE_ON`), valvey's (automation) and the operator's roles."""
+    `RACKY_QUARANTINE_ON`), valvey's (automation) and the operator's roles, the trays read
+    from the tray agent (`TRAY_AGENTS`)."""
     return {
         "identity": {"site": DEMO_SITE, "rack": rack},
         "mqtt": _mqtt(host, port, protocol),
         "power": {"budget_w": budget_w},
+        "node_agents": {"daemon": TRAY_AGENTS},
         "lifecycle": {"state_file": str((run_dir / "racky-state.json").resolve()),
                       "initial_state": RACKY_INITIAL_STATE,
                       "quarantine_on_alarms": list(RACKY_QUARANTINE_ON)},

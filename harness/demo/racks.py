@@ -1,6 +1,8 @@
-"""The demo's racks: one or more, each its own simulator process (CDU, power shelves, trays'
-node agents, link fabric) on its own Modbus ports, its own valvey and racky under its own
-identity, all on one broker; each rack's records (`Recorder`) and summary (`DemoSummary`).
+"""The demo's racks: one or more, each its own simulator process (CDU, power shelves, link
+fabric, and its 18 trays through the real tray agent: `harness.simagent`, the agent's GPU,
+BMC and link sources simulated) on its own Modbus ports, its own valvey and racky under its
+own identity, all on one broker; each rack's records (`Recorder`) and summary
+(`DemoSummary`).
 
 One rack (``rackctl demo``) keeps the run folder's layout of before (its files in the run
 folder itself); with ``--racks N`` (N >= 2) each rack has its folder ``<run>/<rack>/`` and
@@ -29,6 +31,7 @@ from harness.demo.procs import (
     DEMO_RACK,
     DEMO_SITE,
     RACK_NAMES,
+    TRAYS_VIA,
     racky_config,
     spawn,
     terminate,
@@ -173,13 +176,18 @@ def plan_racks(n_racks: int, scenario_ref: str, sc: Scenario, run_dir: Path,
 
 
 async def start_sim(rack: DemoRack, mqtt_host: str, mqtt_port: int, protocol: str) -> None:
-    """Start the rack's simulator (``rack-sim run``, real time) under its identity."""
+    """Start the rack's simulator under its identity, real time, its trays through the real
+    tray agent in the same process (``python -m harness.simagent``: the virtual rack with its
+    own node agents off, one `trayagent.app.TrayAgent` hosting its trays; the agent's cap
+    epochs in ``tray-agent-epochs.json``, its spool in ``tray-agent-spool/``)."""
     rack.sim = await spawn(
-        [sys.executable, "-m", "sims", "run", "--scenario", rack.scenario_ref,
+        [sys.executable, "-m", "harness.simagent", "--scenario", rack.scenario_ref,
          "--modbus-port", str(rack.modbus_port), "--shelf-modbus-port", str(rack.shelf_port),
          "--site", DEMO_SITE, "--rack", rack.name, "--mqtt-host", mqtt_host,
          "--mqtt-port", str(mqtt_port), "--mqtt-protocol", protocol, "--log-format", "json",
-         "--ground-truth", str(rack.dir / "ground-truth.json")],
+         "--ground-truth", str(rack.dir / "ground-truth.json"),
+         "--epoch-file", str((rack.dir / "tray-agent-epochs.json").resolve()),
+         "--spool-dir", str((rack.dir / "tray-agent-spool").resolve())],
         rack.dir / "sim.log",
     )
 
@@ -278,6 +286,7 @@ def finish_rack(rack: DemoRack, console: Console, broker_problem: str | None,
         rack=rack.name,
         load=load_pattern(sc),
         bursts=bursts,
+        trays=TRAYS_VIA,
     )
     (rack.dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))
     (rack.dir / "summary.md").write_text(summary_markdown(summary))

@@ -98,6 +98,8 @@ class DemoSummary:
     """The rack's load pattern (`load_pattern`: ``load step``, ``agentic bursts``, ...)."""
     bursts: dict[str, Any] | None = None
     """A burst rack's figures (`harness.demo.bursts.burst_figures`); None for other loads."""
+    trays: str = ""
+    """How the rack's trays reported (`harness.demo.procs.TRAYS_VIA`); empty: not said."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -385,7 +387,7 @@ def summary_markdown(s: DemoSummary) -> str:
         f"`rackctl demo` ({s.scenario}, {s.duration_s:g} s of plant time, {s.control_mode}, real "
         f"time over Modbus TCP and MQTT; {platform.system()} {platform.machine()}, "
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"{time.strftime('%Y-%m-%d')}):",
+        f"{time.strftime('%Y-%m-%d')}{f'; {s.trays}' if s.trays else ''}):",
         "",
     ]
     if s.bursts is not None:
@@ -489,6 +491,8 @@ def print_summary(s: DemoSummary, console: Console) -> None:
     if s.max_gpu_tj_c is not None:
         say(f"hottest GPU junction: {s.max_gpu_tj_c:.1f} °C")
     say(f"control: {s.control_mode}")
+    if s.trays:
+        say(f"trays: {s.trays}")
     say(f"feedforward source over valvey's states: {_ff_text(s.ff_source_share) or '—'}")
     say(f"alarms: {', '.join(s.alarms_raised) or 'none'}")
     say(f"valvey exit code after SIGTERM: {s.valvey_exit_code}")

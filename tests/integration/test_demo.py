@@ -72,6 +72,12 @@ def test_demo_runs_on_embedded_defaults(tmp_path: Path) -> None:
     png = Path(summary["plot"]).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert "demo summary" in r.stdout and "points spooled" in r.stdout
+    # the trays (and their link ports, whose flap racky detects below) came through the real
+    # tray agent: the simulator publishes no trayNN of its own, racky reads the agents' level
+    assert summary["trays"].startswith("18 trays per rack through the real tray agent")
+    assert "trays: 18 trays per rack through the real tray agent" in r.stdout
+    assert 'daemon = "trays"' in (run_dir / "racky.toml").read_text()
+    assert (run_dir / "tray-agent-spool").is_dir()  # the agent's own files in the run folder
     # The spool is line protocol a replay can send: the loop's own measurement is in it.
     seg = next((run_dir / "spool").glob("*.lp")).read_text()
     assert seg.startswith("# rackplane-spool v1") and "\npid," in seg

@@ -28,6 +28,8 @@ async def test_the_virtual_rack_through_the_real_agent_is_capped_and_nothing_is_
     print(figs.summary())
     assert figs.trays == 18
     assert figs.tray_messages >= 18 * 25  # 1 Hz per tray, most of the run
+    # every GPU's link ports through the agent (harness.simlinks): all but the first reads
+    assert figs.tray_messages_with_ports >= figs.tray_messages - 18 * 3
     assert figs.refused_tray_messages == 0
     assert figs.refused_commands == 0 and figs.commands_ok >= 1
     assert figs.unreadable_reply_states == 0  # racky reads the agent's 1.3 reply state

@@ -6,6 +6,11 @@ columns have no null for link state, speed, rates or counters, so a GPU whose po
 for one of them publishes ``ports: null`` for that interval (racky: "not read"), never a 0 in
 place of an unknown.
 
+Port names: ``gpu<gpu>/<name>`` (the reader's name scoped to its GPU), or the reading's own
+``published`` name when the reader names its ports rack-wide (the simulated fabric's
+``gpu07/nvl03``, `harness.simlinks`). ``nvlink`` is true for a reading of kind ``nvlink`` (a
+GPU's NVLink port; the sysfs reader's ``ib`` / ``net`` ports are NIC ports).
+
 Published counters: the names in ``counters`` (config), or by default every counter every
 port of the GPU has (the intersection), restricted to the contract's widths (8, 16, 32, 64
 bits: the 4-bit IBA counters are left out). Traffic: ``port_xmit_data`` / ``port_rcv_data``
@@ -34,12 +39,17 @@ class PortReading:
     """One port's raw counters as read (None: unreadable, reason in ``errors``).
 
     Attributes:
-        name: ``<dev>/<port>`` (InfiniBand / RoCE) or ``<interface>`` (Ethernet).
-        kind: ``ib`` or ``net``.
+        name: ``<dev>/<port>`` (InfiniBand / RoCE) or ``<interface>`` (Ethernet); unique
+            among the agent's ports (the key of its rates).
+        kind: ``ib`` or ``net`` (NIC ports), ``nvlink`` (a GPU's NVLink port).
         link_up: the link is ACTIVE / up; None unknown.
         speed_mb_per_s: line rate per direction, MB/s; None unknown (0 while down).
         counters: name -> raw value; specs: name -> its width and behaviour.
-        mono: monotonic time of the read, s.
+        mono: monotonic time the counters were sampled at, s (a read's own time for sysfs;
+            a periodically sampled source stamps its sample's time, and two readings with
+            one ``mono`` are the same sample, `trayagent.sysfs.LinkRates`).
+        published: the port's name in telemetry when the reader names it rack-wide
+            (unique within the rack, e.g. ``gpu07/nvl03``); None: ``gpu<gpu>/<name>``.
     """
 
     name: str
@@ -50,6 +60,7 @@ class PortReading:
     specs: dict[str, CounterSpec] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     mono: float = 0.0
+    published: str | None = None
 
 
 def _traffic(r: PortReading, rates: Mapping[str, Rate], names: tuple[str, ...]
@@ -101,7 +112,8 @@ def port_block(gpu: int, readings: Sequence[PortReading], rates: Sequence[Mappin
         rx.append(x)
     count = len(readings)
     return {
-        "names": [f"gpu{gpu}/{r.name}" for r in readings], "nvlink": [False] * count,
+        "names": [r.published or f"gpu{gpu}/{r.name}" for r in readings],
+        "nvlink": [r.kind == "nvlink" for r in readings],
         "link_up": link_up, "speed_mb_per_s": speed, "tx_bytes_per_s": tx,
         "rx_bytes_per_s": rx, "ber": [None] * count, "cable_temp_c": None,
         "counters": cols, "counter_bits": bits,
