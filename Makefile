@@ -21,7 +21,7 @@ SCENARIOS_OUT ?= scenario-results
 .PHONY: help venv demo test servers bench-tools lint bench scenarios clean
 
 help:
-	@echo "make demo [DURATION=s] [RACKS=n]  valvey and racky on the rack simulator, ~3 min (embedded broker, no servers needed; RACKS=2..4: a row, under rlc when nats-server is installed)"
+	@echo "make demo [DURATION=s] [RACKS=n]  a row of 2 racks (RACKS=1..4) on the simulators, each its valvey and racky, under rlc when nats-server is there (installed if it can be), ~3 min"
 	@echo "make test               run the whole test suite (installs Mosquitto and VictoriaMetrics if missing)"
 	@echo "make lint               ruff and mypy"
 	@echo "make bench [QUICK=1]    benchmark suite into bench-results/ (results.json, results.md, PNGs)"
@@ -35,8 +35,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[tools,test]'
 	@touch $@
 
-# nats-server for a row's rlc (RACKS=2..4), installed as make test does; never fatal: the
-# row then runs without rlc and says so
+# nats-server for the row's rlc (the default 2 racks, RACKS=2..4), installed as make test
+# does; never fatal: the row then runs without rlc and says so
 demo: $(STAMP)
 	@./scripts/ensure-servers --nats
 	$(BIN)/rackctl demo $(if $(DURATION),--duration $(DURATION)) $(if $(RACKS),--racks $(RACKS)) $(DEMO_ARGS)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -72,15 +73,18 @@ def demo(
     out: Annotated[Path, typer.Option(help="folder for the run's outputs")] = Path("demo-output"),
     racks: Annotated[int, typer.Option(
         min=1, max=4, help="racks side by side (a row: r12, r13, ...), each its own "
-        "simulator, valvey and racky")] = 1,
+        "simulator (its trays through the tray agent), valvey and racky; 1: one rack alone")
+    ] = 2,
     nats_server: Annotated[str | None, typer.Option(
         "--nats-server", help="a row (--racks 2..4) runs under rlc on this nats-server binary "
         "(default: $RACKPLANE_DEMO_NATS_SERVER, else nats-server on PATH or in /usr/sbin); "
         "'none': the row without rlc")] = None,
 ) -> None:
-    """Run valvey and racky against the rack simulator on embedded defaults, live, then
-    summarise (and print how to reach the running demo with rackctl). A row runs under rlc
-    (budgets as leases, a validation campaign) when nats-server is installed."""
+    """Run a row of racks (default 2), each its simulator, valvey and racky, on embedded
+    defaults, live, then summarise (and print how to reach the running demo with rackctl).
+    A row runs under rlc (budgets as leases, a validation campaign) when nats-server is
+    installed; --racks 1 runs one rack alone."""
+    started_mono = time.monotonic()  # the summary's wall time counts from here
     from harness.demo import (
         BrokerUnreachable,
         RowSummary,
@@ -109,6 +113,7 @@ def demo(
             run_demo(
                 scenario=scenario, duration_s=duration, broker=broker, out_root=out,
                 console=console, racks=racks, nats_server=nats_server,
+                started_mono=started_mono,
             )
         )
     except ConfigError as err:

@@ -3,6 +3,7 @@
 
     scripts/publish_figures.py --bench bench-results --scenarios scenario-results
     scripts/publish_figures.py --row row-results --chaos chaos-results
+    scripts/publish_figures.py --demo demo-output/<time>
 
 For each directory given (the ``--out`` of ``rackctl bench`` / ``rackctl scenarios``; for
 ``--row`` / ``--chaos`` the ``--out`` of ``rackctl bench --only row`` / ``--only chaos``) it
@@ -18,9 +19,15 @@ For each directory given (the ``--out`` of ``rackctl bench`` / ``rackctl scenari
   headline rows (the scenario report's `SCENARIO_HEADLINES`; for the others every figure with
   a target), rendered from ``results.json`` by `harness.figures.markdown_table`.
 
-Nothing is typed in: every row comes from the run's ``results.json``. Exit code 2 when a
-directory, its results or a README marker is missing or
-malformed (then nothing is copied, deleted or rewritten).
+``--demo RUN`` (a finished row run of ``rackctl demo``) rewrites the README's block between
+``<!-- demo-summary:start -->`` and ``<!-- demo-summary:end -->`` with the run's own
+``summary.md`` (its machine line, date and wall time, each rack's figures and checklist, the
+row's items) and copies its plots (``row.png``, ``<rack>/demo-<rack>.png``) into
+``docs/demo/``, linked from the block.
+
+Nothing is typed in: every row comes from the run's ``results.json`` or ``summary.md``. Exit
+code 2 when a directory, its results or a README marker is missing or malformed (then nothing
+is copied, deleted or rewritten).
 """
 
 from __future__ import annotations
@@ -168,6 +175,52 @@ def replace_block(readme: str, kind: str, text: str) -> str:
     return readme[:i + len(start)] + "\n" + text + readme[j:]
 
 
+DEMO_DOCS = "docs/demo"
+"""Where ``--demo`` puts the run's plots."""
+
+
+def demo_block(run: Path) -> tuple[str, list[Path]]:
+    """The README's demo block from a row run's ``summary.md`` and the plots it links.
+
+    Raises:
+        FileNotFoundError: no ``summary.md`` / ``summary.json`` in ``run``.
+        ValueError: not a row run's summary (no racks), or a plot it names is missing.
+    """
+    summary = json.loads((run / "summary.json").read_text())
+    racks = [r.get("rack") for r in summary.get("racks") or []]
+    if not racks or not all(isinstance(r, str) for r in racks):
+        raise ValueError(f"{run}/summary.json: not a row run's summary (rackctl demo --racks 2..4)")
+    plots = [run / "row.png"] + [run / r / f"demo-{r}.png" for r in racks]
+    missing = [str(p) for p in plots if not p.is_file()]
+    if missing:
+        raise ValueError(f"plots missing: {missing}")
+    out = []
+    for line in (run / "summary.md").read_text().splitlines():
+        if line.startswith("Row plot:"):
+            continue
+        if line.startswith("## "):
+            rack = line[len("## rack "):] if line.startswith("## rack ") else None
+            if rack is None and out:  # the row's section: its plot first
+                out += [f"![the row: each rack's power, their sum and rlc's leases against the "
+                        f"limit]({DEMO_DOCS}/row.png)", ""]
+            line = "#" + line
+            if rack is not None:
+                out += [line, "", f"![rack {rack}]({DEMO_DOCS}/demo-{rack}.png)"]
+                continue
+        out.append(line)
+    return "\n".join(out).strip() + "\n", plots
+
+
+def replace_marked(readme: str, start: str, end: str, text: str) -> str:
+    """``readme`` with the text between ``start`` and ``end`` replaced.
+
+    Raises KeyError when a marker is missing."""
+    i, j = readme.find(start), readme.find(end)
+    if i < 0 or j < i:
+        raise KeyError(f"README has no {start} ... {end} block")
+    return readme[:i + len(start)] + "\n" + text + readme[j:]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", type=Path, help="the --out directory of rackctl bench")
@@ -175,11 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--row", type=Path, help="the --out directory of rackctl bench --only row")
     ap.add_argument("--chaos", type=Path,
                     help="the --out directory of rackctl bench --only chaos")
+    ap.add_argument("--demo", type=Path, help="a finished row run of rackctl demo (its folder)")
     ap.add_argument("--commit", default="", help="the commit the runs ran (named in the README)")
     ap.add_argument("--readme", type=Path, default=ROOT / "README.md")
     args = ap.parse_args(argv)
-    if all(getattr(args, k) is None for k in KINDS):
-        ap.error("nothing to publish: give --bench, --scenarios, --row and/or --chaos DIR")
+    if all(getattr(args, k) is None for k in (*KINDS, "demo")):
+        ap.error("nothing to publish: give --bench, --scenarios, --row, --chaos and/or --demo DIR")
     readme = args.readme.read_text()
     todo = []
     # check every run and build the README first: nothing is copied or deleted unless all of
@@ -197,6 +251,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {kind} {run}: {why}; nothing published", file=sys.stderr)
             return 2
         todo.append((kind, run, dest, len(figs)))
+    demo_plots: list[Path] = []
+    if args.demo is not None:
+        try:
+            text, demo_plots = demo_block(args.demo)
+            readme = replace_marked(readme, "<!-- demo-summary:start -->",
+                                    "<!-- demo-summary:end -->", text)
+        except (OSError, ValueError, KeyError) as err:
+            why = err.args[0] if isinstance(err, KeyError) else err
+            print(f"error: demo {args.demo}: {why}; nothing published", file=sys.stderr)
+            return 2
+    if demo_plots:
+        dest = ROOT / DEMO_DOCS
+        dest.mkdir(parents=True, exist_ok=True)
+        for old in dest.glob("*.png"):
+            old.unlink()
+        for p in demo_plots:
+            shutil.copy2(p, dest / p.name)
+        print(f"demo: {len(demo_plots)} plots -> {DEMO_DOCS}, README block updated")
     for kind, run, dest, n in todo:
         copy_run(run, dest)
         print(f"{kind}: {n} figures -> {dest.relative_to(ROOT)}, README block updated")

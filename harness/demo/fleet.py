@@ -344,6 +344,23 @@ class RowFleet:
                 out.append(r)
         return out
 
+    def handed_out(self) -> str | None:
+        """None once rlc has handed out the row: every rack's latest lease acknowledged and
+        their Σ within 1 % of what the row can give (the lower of its limit and Σ of the
+        racks' caps, `RACK_MAX_W`); else what is missing. Leases start at the racks' floors
+        and ramp (`RAMP_W_PER_S`): an operator's ``set_budget`` above a rack's grant is
+        refused (``beyond_grant``) until then, so the demo announces itself after it."""
+        if self.rlc_status != "online":
+            return f"rlc {self.rlc_status}"
+        unacked = [r for r in self.racks if r not in self.acked()]
+        if unacked:
+            return "leases not yet acknowledged: " + ", ".join(unacked)
+        row_w = min(self.limit_w, RACK_MAX_W * len(self.racks))
+        total = sum(x.value_w for x in self.latest().values())
+        if total < 0.99 * row_w:
+            return f"rlc's leases ramping: {total / 1000:.0f} of {row_w / 1000:.0f} kW"
+        return None
+
     async def tick(self, started_mono: float, rackctl_cfg: Path,
                    recs: dict[str, Recorder]) -> None:
         """Called every loop of the demo: starts the campaign once rlc is online, every

@@ -170,6 +170,12 @@ class RowSummary:
     campaign); None: the row ran without rlc."""
     row_power: list[tuple[float, float | None]] = field(default_factory=list)
     """(row s, W) every `ROW_STEP_S`: what the row item and plot were computed from."""
+    wall_s: float | None = None
+    """``rackctl demo``'s wall time from its start to this summary, s (None: not measured)."""
+    machine: str = ""
+    """The host the run ran on (`harness.machine.machine_line`)."""
+    date: str = ""
+    """The run's date, UTC (YYYY-MM-DD)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -343,7 +349,11 @@ def rack_lines(s: RowSummary) -> list[str]:
 
 def row_markdown(s: RowSummary) -> str:
     """Each rack's summary (Markdown), then the row's."""
-    parts = [f"## rack {r.rack}\n\n{summary_markdown(r)}" for r in s.racks]
+    took = (f"; `rackctl demo` took {s.wall_s:.0f} s of wall time from its start to this "
+            "summary" if s.wall_s is not None else "")
+    head = (f"Row demo, {len(s.racks)} racks ({', '.join(r.rack for r in s.racks)}), run "
+            f"{s.date or '?'} on {s.machine or 'an unnamed host'}{took}.\n\n")
+    parts = [head] + [f"## rack {r.rack}\n\n{summary_markdown(r)}" for r in s.racks]
     row = [f"## the row ({len(s.racks)} racks)", "", s.coordination, "",
            *[f"- {x}" for x in rack_lines(s)],
            *[f"- {x}" for x in _check_lines(s.checklist)], "",

@@ -54,6 +54,7 @@ from harness.demo.row import (
     write_row_plot,
 )
 from harness.demo.summary import BAND_K, DemoSummary
+from harness.machine import machine_info, machine_line
 from harness.servers import free_port
 from rackplane.clock import SYSTEM_CLOCK
 from rackplane.io.mqtt import MqttLink
@@ -167,6 +168,7 @@ async def run_demo(
     console: Console | None = None,
     racks: int = 1,
     nats_server: str | None = None,
+    started_mono: float | None = None,
 ) -> DemoSummary | RowSummary:
     """Run the demo (`harness.demo`) for ``duration_s`` (default the scenario's length) on
     ``racks`` racks (1..4, side by side on the one broker; `harness.demo.racks`) and return
@@ -187,6 +189,7 @@ async def run_demo(
         host, _, port_s = broker.partition(":")
         mqtt_host, mqtt_port, protocol = host or "127.0.0.1", int(port_s or 1883), "5"
         await probe_broker(mqtt_host, mqtt_port)
+    started_mono = started_mono if started_mono is not None else time.monotonic()
     run_dir = out_root / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     row = plan_racks(racks, scenario, sc, run_dir, RACKY_BUDGET_W)
@@ -292,10 +295,16 @@ async def run_demo(
                     break
                 online = all(r.rec.valvey_status == "online" and r.rec.racky_status == "online"
                              for r in row)
-                if not announced and (online or elapsed >= ANNOUNCE_AFTER_S):
+                leases = fleet.handed_out() if fleet is not None else None
+                if not announced and ((online and leases is None)
+                                      or elapsed >= ANNOUNCE_AFTER_S):
                     # said once all daemons take commands (a command sent before a daemon
-                    # subscribed is lost on a clean session), or after ANNOUNCE_AFTER_S anyway
+                    # subscribed is lost on a clean session) and, under rlc, the row's leases
+                    # are handed out (a set_budget above a ramping grant is refused), or after
+                    # ANNOUNCE_AFTER_S anyway
                     announced = True
+                    if leases is not None:
+                        console.print(f"not settled yet: {leases}", markup=False)
                     if not online:
                         console.print("not online yet: " + ", ".join(
                             f"{r.name} valvey {r.rec.valvey_status}, racky "
@@ -360,7 +369,8 @@ async def run_demo(
     summaries = [finish_rack(r, console, lost_broker, len(row)) for r in row]
     if len(row) == 1:
         return summaries[0]
-    return _finish_row(row, summaries, row_limit_w, run_dir, console, fleet, no_rlc)
+    return _finish_row(row, summaries, row_limit_w, run_dir, console, fleet, no_rlc,
+                       started_mono)
 
 
 def _print_progress(console: Console, rec: Any, elapsed: float, total: float,
@@ -385,7 +395,7 @@ def _print_progress(console: Console, rec: Any, elapsed: float, total: float,
 
 def _finish_row(row: list[DemoRack], summaries: list[DemoSummary], limit_w: float,
                 run_dir: Path, console: Console, fleet: RowFleet | None = None,
-                no_rlc: str = "") -> RowSummary:
+                no_rlc: str = "", started_mono: float | None = None) -> RowSummary:
     """The row's figures, items and plot from the racks' records (with rlc: its items from
     what `harness.demo.fleet` recorded); summary.json/.md of the row (each rack's summary
     inside) in the run folder."""
@@ -417,6 +427,8 @@ def _finish_row(row: list[DemoRack], summaries: list[DemoSummary], limit_w: floa
             "which nothing moves during the run"),
         rlc=fleet.as_dict(t0) if fleet is not None else None,
         row_power=[(round(t, 2), p) for t, p in points],
+        wall_s=None if started_mono is None else round(time.monotonic() - started_mono, 1),
+        machine=machine_line(machine_info()), date=time.strftime("%Y-%m-%d", time.gmtime()),
         **row_figures(points, limit_w),
     )
     (run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=2))

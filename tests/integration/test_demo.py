@@ -51,7 +51,8 @@ def test_demo_runs_on_embedded_defaults(tmp_path: Path) -> None:
     scenario.write_text(FAULTS_SHORT)
     out = tmp_path / "out"
     r = subprocess.run(
-        [sys.executable, "-m", "rackctl", "demo", "--scenario", str(scenario), "--out",
+        [sys.executable, "-m", "rackctl", "demo", "--racks", "1", "--scenario", str(scenario),
+         "--out",
          str(out)],
         capture_output=True, text=True, timeout=150, cwd=tmp_path,
     )

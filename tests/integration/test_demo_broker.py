@@ -67,7 +67,7 @@ def test_broker_lost_mid_run_is_said_and_the_summary_is_written(
     """The real Mosquitto goes away during the run: the demo says so (not dashes), ends at
     its duration and writes its summary naming the problem."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rackctl", "demo", "--broker",
+        [sys.executable, "-m", "rackctl", "demo", "--racks", "1", "--broker",
          f"{mosquitto_private.host}:{mosquitto_private.port}", "--duration", "14",
          "--scenario", "load-step-short", "--out", str(tmp_path / "out")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)

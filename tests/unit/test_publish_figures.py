@@ -103,3 +103,42 @@ def test_nothing_to_publish_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         pub.main(["--readme", str(tmp_path / "README.md")])
     assert exc.value.code == 2
+
+
+def _demo_run(tmp: Path, racks: list[str]) -> Path:
+    run = tmp / "demo-output" / "20261202-101448"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"racks": [{"rack": r} for r in racks]}))
+    md = ["Row demo, 2 racks (r12, r13), run 2026-12-02 on host t; took 171 s.", ""]
+    for r in racks:
+        md += [f"## rack {r}", "", f"- [x] item of {r}", ""]
+        (run / r).mkdir()
+        (run / r / f"demo-{r}.png").write_bytes(b"\x89PNG fake")
+    md += ["## the row (2 racks)", "", "- [x] row item", "", f"Row plot: {run}/row.png."]
+    (run / "summary.md").write_text("\n".join(md) + "\n")
+    (run / "row.png").write_bytes(b"\x89PNG fake")
+    return run
+
+
+def test_demo_block_is_the_runs_summary_with_its_plots_linked(tmp_path: Path) -> None:
+    pub = _script()
+    run = _demo_run(tmp_path, ["r12", "r13"])
+    text, plots = pub.demo_block(run)
+    assert [p.name for p in plots] == ["row.png", "demo-r12.png", "demo-r13.png"]
+    assert text.startswith("Row demo, 2 racks") and "took 171 s" in text
+    assert "### rack r12\n\n![rack r12](docs/demo/demo-r12.png)" in text
+    assert text.index("](docs/demo/row.png)") < text.index("### the row")
+    assert "Row plot:" not in text and "- [x] item of r13" in text
+    (run / "r13" / "demo-r13.png").unlink()
+    with pytest.raises(ValueError, match="plots missing"):
+        pub.demo_block(run)
+
+
+def test_demo_block_refuses_a_single_rack_run(tmp_path: Path) -> None:
+    pub = _script()
+    run = tmp_path / "one"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"rack": "r12"}))
+    (run / "summary.md").write_text("x\n")
+    with pytest.raises(ValueError, match="not a row run"):
+        pub.demo_block(run)
