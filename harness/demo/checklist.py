@@ -243,7 +243,7 @@ def _unexpected_item(rec: Any, sc: Scenario,
                      + (f" or the run's setup ({'; '.join(why)})" if why else ""))
 
 
-def checklist(sc: Scenario, rec: Any, steps: Sequence[dict[str, Any]], end_t: float,
+def checklist(sc: Scenario, rec: Any, steps: Sequence[dict[str, Any]], end_t: float, *,
               bursts: Mapping[str, Any] | None = None,
               explained: Mapping[str, tuple[str, str]] | None = None) -> list[CheckItem]:
     """The checklist of a run (see the module docstring); ``rec`` is the run's

@@ -226,7 +226,7 @@ def _kw(w: Any) -> str:
 
 
 def row_view(recs: Sequence[tuple[str, Recorder]], limit_w: float, elapsed: float,
-             total: float, broker: str, faults: str,
+             total: float, broker: str, faults: str, *,
              loads: Mapping[str, str] | None = None, rlc: Sequence[Text] = (),
              rlc_events: Sequence[tuple[float, str]] = ()) -> Group:
     """The live view of a row: a line per rack (with its load pattern when ``loads``, rack ->

@@ -251,8 +251,9 @@ async def run_demo(
         if len(row) == 1:
             return _view(sc, row[0].rec, elapsed, total, state)
         return row_view(recs, row_limit_w, elapsed, total, state, f"scripted faults: {faults}",
-                        {r.name: r.scenario.load.kind for r in row},
-                        *((fleet.lines(), fleet.events) if fleet else ()))
+                        loads={r.name: r.scenario.load.kind for r in row},
+                        rlc=fleet.lines() if fleet else (),
+                        rlc_events=fleet.events if fleet else ())
 
     try:
         for rack in row:

@@ -109,7 +109,7 @@ def _recording(err_k: Any, end_s: float = 170.0) -> Recorder:
 
 def _burst_item(rec: Recorder, end_t: float = 170.0) -> Any:
     b = burst_figures(BURSTS, rec, end_t)
-    items = checklist(BURSTS, rec, summarise(BURSTS, rec, end_t), end_t, b)
+    items = checklist(BURSTS, rec, summarise(BURSTS, rec, end_t), end_t, bursts=b)
     assert not any(c.label.startswith(("whole run", "load step")) for c in items)
     (item,) = [c for c in items if c.label.startswith("agentic bursts held")]
     return item, b

@@ -146,7 +146,7 @@ def test_an_alarm_the_setup_explains_is_expected_only_with_its_message() -> None
     explained = {"racky:power_capped": ("from budget", "capped to rlc's lease")}
     rec = _recording(takeover=True, flap_alarm=True, extra_alarm=False)
     _feed(rec, 111.0, "racky/alarm/power_capped", {"message": "limit 140.0 kW from budget"})
-    (item,) = [c for c in checklist(SC, rec, STEPS, 170.0, explained)
+    (item,) = [c for c in checklist(SC, rec, STEPS, 170.0, explained=explained)
                if c.label == "no unexpected alarms"]
     assert item.ok and item.detail == (
         "4 alarm(s) raised, each by a scripted fault or the run's setup (racky:power_capped: "
@@ -155,6 +155,6 @@ def test_an_alarm_the_setup_explains_is_expected_only_with_its_message() -> None
     assert not without.ok
     # the same alarm for another reason (tray protection) is not explained by the setup
     other = _recording(takeover=True, flap_alarm=True, extra_alarm=True)  # "rack power capped"
-    (odd,) = [c for c in checklist(SC, other, STEPS, 170.0, explained)
+    (odd,) = [c for c in checklist(SC, other, STEPS, 170.0, explained=explained)
               if c.label == "no unexpected alarms"]
     assert not odd.ok and "racky:power_capped at t = 111.0 s" in odd.detail

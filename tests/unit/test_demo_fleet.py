@@ -189,7 +189,7 @@ def test_the_live_view_of_a_row_under_rlc_says_its_leases_and_campaign(tmp_path:
     out = io.StringIO()
     Console(file=out, width=160).print(row_view(
         [("r12", Recorder()), ("r13", Recorder())], LIMIT_W, 10.0, 60.0, "connected", "",
-        fleet.lines(), fleet.events))
+        rlc=fleet.lines(), rlc_events=fleet.events))
     text = out.getvalue()
     assert "rlc (online): leases kW r12 140.0, r13 120.0 (ack pending); Σ 260.0 / row limit " \
         "280 kW" in text
