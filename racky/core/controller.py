@@ -66,6 +66,7 @@ from racky.core.power import (
     rack_limit,
     read_shelves,
     smoothing,
+    smoothing_weight,
 )
 from racky.core.telemetry import TrayReading, TrayTable
 from racky.core.thermal import (
@@ -260,14 +261,14 @@ class RackyCore:
         tray_w = float(tt.power_w[fresh].sum())
         all_fresh = bool(fresh.all())
         # the learned figures' smoothing is per nominal tick: a tick run early (dt shorter)
-        # moves them as much less (`_smoothing`); the first step counts as one tick
+        # moves them as much less (`smoothing_weight`); the first step counts as one tick
         if view.load_w is not None and all_fresh:
             self.non_tray_w = self._non_tray.update(view.load_w - tray_w, ticks)
         on = fresh & tt.powered
         gsum = float(np.nansum(tt.gpu_power_w.reshape(self.n_trays, self.gpt)[on]))
         if gsum > 1000.0:
             share = max(float(tt.power_w[on].sum()) / gsum - 1.0, 0.0)
-            self.other_share += _smoothing(0.1, ticks) * (share - self.other_share)
+            self.other_share += smoothing_weight(0.1, ticks) * (share - self.other_share)
         it_w = view.rack_load_w if view.rack_load_w is not None else (
             tray_w + self.non_tray_w if all_fresh else None)
         rack_w = view.load_w  # what the rack draws (the BBU's share included)
@@ -789,8 +790,3 @@ def _r(x: float | None, nd: int = 1) -> float | None:
 def _kw(x: float | None) -> str:
     return "unknown" if x is None else f"{x / 1000:.1f} kW"
 
-
-def _smoothing(a: float, ticks: float) -> float:
-    """The weight of a new value in an average smoothed by ``a`` per nominal tick, after
-    ``ticks`` nominal ticks (a tick run early: less than one): ``1 - (1 - a)**ticks``."""
-    return a if ticks == 1.0 else 1.0 - (1.0 - a) ** ticks

@@ -66,7 +66,7 @@ __all__ = ["GRID_EFFICIENCY", "POWER_ALARM_KINDS",
            "BlastRadius", "CapAllocator", "CapacityGuard", "Derate",
            "LimitState", "NonTrayEstimate", "RequestedCap",
            "ShelfView", "SmoothingSettings", "TrayPowerView", "rack_limit",
-           "read_shelves", "smoothing", "with_powered"]
+           "read_shelves", "smoothing", "smoothing_weight", "with_powered"]
 
 POWER_ALARM_KINDS: tuple[AlarmKind, ...] = (
     # 3 missed 1 s polls, and not before the first reads had time to come (start-up inhibit)
@@ -579,6 +579,13 @@ def rack_limit(budget_w: float | None, capacity_w: float | None, derate_w: float
     return LimitState(parts[src], src, parts)
 
 
+def smoothing_weight(alpha: float, ticks: float) -> float:
+    """The weight of a new value in an average smoothed by ``alpha`` per nominal tick, after
+    ``ticks`` nominal ticks (a tick run early: less than one, which moves the average as
+    much less): ``1 - (1 - alpha)**ticks``."""
+    return alpha if ticks == 1.0 else 1.0 - (1.0 - alpha) ** ticks
+
+
 class NonTrayEstimate:
     """The rack's power outside the trays (switches, fans, BBU charging; W), learned as the
     shelves' load − Σ tray power: an average (weight ``alpha`` per nominal tick) of the
@@ -610,6 +617,5 @@ class NonTrayEstimate:
         early, which moves the average as much less); the new estimate, W."""
         self._recent.append(max(float(measured_w), 0.0))
         med = float(np.median(np.fromiter(self._recent, float, len(self._recent))))
-        w = self.alpha if ticks == 1.0 else 1.0 - (1.0 - self.alpha) ** ticks
-        self.value_w += w * (med - self.value_w)
+        self.value_w += smoothing_weight(self.alpha, ticks) * (med - self.value_w)
         return self.value_w
