@@ -165,3 +165,11 @@ def test_the_sims_gpu_applies_the_later_of_two_pending_limits_last(rig: Rig) -> 
     rig.face.request_limit(dev, 650.0)
     rig.step(DELAY_S + 0.1)
     assert rig.held()[2] == 650.0
+    rig.face.limit_delay_s = 0.5  # a slow set, then a quick one: the later still lands last
+    rig.face.request_limit(dev, 700.0)
+    rig.face.limit_delay_s = 0.1
+    rig.face.request_limit(dev, 640.0)
+    rig.step(0.3)
+    assert rig.held()[2] == 650.0  # neither yet: the quick one waits for the slow one
+    rig.step(0.4)
+    assert rig.held()[2] == 640.0
