@@ -52,8 +52,8 @@ class Rig:
 
     def send(self, **kw: Any) -> None:
         """The command's book change and its first enforcement (no time passes)."""
-        ttl = {"ttl_s": 60.0} if {"power_cap_w", "gpu_power_cap_w"} & set(kw) else {}
-        self.agent.book.apply([TRAY], 0, now=self.clock.monotonic(), **kw, **ttl)
+        ttl = 60.0 if {"power_cap_w", "gpu_power_cap_w"} & set(kw) else None
+        self.agent.book.apply([TRAY], 0, now=self.clock.monotonic(), ttl_s=ttl, **kw)
         self.agent._enforce(self.agent._targets([TRAY]), True)
 
     def confirm(self) -> bool:
