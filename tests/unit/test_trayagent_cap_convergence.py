@@ -24,6 +24,7 @@ from rackplane.settings import Identity, MqttSettings
 from sims.row import VirtualRack
 from sims.workloads import BurnInWorkload
 from trayagent.app import TrayAgent
+from trayagent.core.caps import limit_action
 
 TRAY = 0
 DELAY_S = 0.3
@@ -173,3 +174,17 @@ def test_the_sims_gpu_applies_the_later_of_two_pending_limits_last(rig: Rig) -> 
     assert rig.held()[2] == 650.0  # neither yet: the quick one waits for the slow one
     rig.step(0.4)
     assert rig.held()[2] == 640.0
+
+
+@pytest.mark.parametrize(("read_w", "last_set_w", "since_s", "want"), [
+    (600.0, None, 9.0, "held"),  # never set by the agent, read back at the target
+    (600.0, 600.0, 0.1, "held"),  # its own set, read back
+    (600.0, 750.0, 0.1, "set"),  # another set may still land: set the target again
+    (600.0, 750.0, 5.0, "held"),  # that set had its time: the read-back is the truth
+    (1200.0, 600.0, 0.1, "wait"),  # the target is on its way
+    (1200.0, 600.0, 5.0, "set"),  # ... and did not arrive: set again
+    (None, None, 9.0, "set"),
+])
+def test_limit_action(read_w: float | None, last_set_w: float | None, since_s: float,
+                      want: str) -> None:
+    assert limit_action(read_w, 600.0, last_set_w, since_s, 1.0, 2.0) == want
