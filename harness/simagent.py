@@ -127,9 +127,11 @@ class SimTrayFace:
 
     def request_limit(self, gpu: int, watts: float) -> None:
         """Ask GPU ``gpu`` for a power limit of ``watts`` (any thread): applied
-        ``limit_delay_s`` later by the step hook."""
+        ``limit_delay_s`` later by the step hook, never before a limit asked for earlier
+        (the device applies the later request last, as hardware does)."""
         due = self.clock.monotonic() + self.limit_delay_s
         with self._lock:
+            due = max([due, *(p[0] for p in self._pending if p[1] == gpu)])
             self._pending.append((due, gpu, watts))
 
     def snapshot(self) -> TraySnapshot | None:

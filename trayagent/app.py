@@ -43,7 +43,7 @@ from rackplane.paths import in_state_directory
 from trayagent.config import TrayAgentConfig, load_tray_agent_config
 from trayagent.contract import SetPowerLimitsArgs
 from trayagent.core.bmc import BmcReading, ControlResult
-from trayagent.core.caps import CapBook, DeviceLimits, StaleEpoch, Target
+from trayagent.core.caps import CapBook, DeviceLimits, StaleEpoch, Target, limit_action
 from trayagent.core.counters import Rate
 from trayagent.core.payload import (
     XIDS_PER_MESSAGE,
@@ -54,9 +54,9 @@ from trayagent.core.payload import (
     tray_payload,
 )
 from trayagent.core.ports import PortReading, port_block
-from trayagent.dcgm import DcgmSource
 from trayagent.nvml import NvmlError, NvmlSource
 from trayagent.redfish import BmcSource
+from trayagent.selection import make_source
 from trayagent.sources import BmcReader, GpuSource, LinkReader, SourceError
 from trayagent.sysfs import LinkRates, SysfsLinks
 
@@ -142,6 +142,7 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
         self._control_state: dict[int, str | None] = {}
         self.published_total = 0
         self.read_cpu_s = 0.0  # CPU time of the read cycles (worker threads), s
+        self.limit_corrections = 0  # limits set again: not held, or superseded in flight
         self.read_timeouts_total = 0
         self.xid_total = 0
         # rack GPU -> its Xid events (total, numbers since the last message); GPUs whose
@@ -311,7 +312,7 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
             lims = [DeviceLimits(None, None, None) if g.reading is None else g.reading.limits
                     for g in gs]
             for i, tg in enumerate(self.book.targets(t, lims, self.non_gpu_w[t])):
-                if g_read(gs[i]):
+                if gs[i].reading is not None:  # read once: its limits are known
                     out[(t, i)] = tg
                     self._say_safe_clamp(gs[i], tg)
         return out
@@ -326,12 +327,13 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
         g.safe_clamped = why
 
     def _enforce(self, targets: Mapping[tuple[int, int], Target], reread: bool) -> bool:
-        """Set every GPU whose read-back differs from its target (dry run: log it once) and,
-        with ``reread``, read the GPUs back; True when every target is confirmed."""
+        """Set every GPU whose read-back differs from its target, or whose other limit set
+        just before may still land (`trayagent.core.caps.limit_action`; dry run: log it
+        once) and, with ``reread``, read the GPUs back first; True when every target is
+        confirmed. A set not caused by a new target is a correction (``limit_corrections``)."""
         if not self.source.cap_enforceable:
             return False
-        tol = self.cfg.caps.tolerance_w
-        ok = True
+        tol, ok = self.cfg.caps.tolerance_w, True
         for (t, i), tg in targets.items():
             g = self.gpus[t][i]
             if tg.watts is None:
@@ -340,7 +342,10 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
             if reread:
                 self._read_one(g)
             cur = None if g.reading is None else g.reading.limit_w
-            if cur is not None and abs(cur - tg.watts) <= tol:
+            now = self.clock.monotonic()
+            act = limit_action(cur, tg.watts, g.set_w, now - g.set_mono, tol,
+                               self.cfg.caps.confirm_timeout_s)
+            if act == "held":
                 continue
             ok = False
             if self.cfg.caps.dry_run:
@@ -350,9 +355,13 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
                                   would_set_w=tg.watts, enforced_w=cur, source=tg.source,
                                   clamped=tg.clamped)
                 continue
-            now = self.clock.monotonic()
-            if g.set_w == tg.watts and now - g.set_mono < self.cfg.caps.confirm_timeout_s:
+            if act == "wait":
                 continue  # set, not read back yet: a GPU applies a limit after a delay
+            if g.set_w is not None and (abs(g.set_w - tg.watts) <= tol or (
+                    cur is not None and abs(cur - tg.watts) <= tol)):
+                self.limit_corrections += 1  # drifted from what was set, or a set in flight
+                self.log.info("power_limit_corrected", gpu=g.gpu, target_w=tg.watts,
+                              enforced_w=cur, last_set_w=g.set_w, total=self.limit_corrections)
             try:
                 g.set_w, g.set_mono = tg.watts, now
                 self.source.set_limit(g.device, tg.watts)
@@ -370,16 +379,18 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
         g.reading = self.source.read(g.device, g.gpu)
         g.read_wall_ns = self.clock.wall_ns()
 
-    def _cycle(self, targets: Mapping[tuple[int, int], Target]) -> None:
+    def _cycle(self, targets: Mapping[tuple[int, int], Target],
+               version: int | None = None) -> None:
         """One read cycle (worker thread): open NVML if needed, read every GPU, hold the
         targets (its CPU time is added to ``read_cpu_s``)."""
         c0 = time.thread_time()
         try:
-            self._cycle_body(targets)
+            self._cycle_body(targets, version)
         finally:
             self.read_cpu_s += time.thread_time() - c0
 
-    def _cycle_body(self, targets: Mapping[tuple[int, int], Target]) -> None:
+    def _cycle_body(self, targets: Mapping[tuple[int, int], Target],
+                    version: int | None) -> None:
         if not self._source_open:
             self.source.open()
             self._source_open = True
@@ -391,7 +402,8 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
             for name in ports:
                 r = self.links.read(name, self.clock.monotonic())
                 self._ports[name] = (r, self.link_rates.update(r))
-        self._enforce(targets, False)
+        if version is None or version == self.book.version:  # a command since: its targets
+            self._enforce(targets, False)
 
     # --- the read / publish loop -------------------------------------------------------------
 
@@ -514,8 +526,8 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
             if running is None or running.done():
                 if running is not None and running.done() and not running.cancelled():
                     running.exception()  # a late cycle's error was logged when it timed out
-                targets = self._targets(list(self.gpus))
-                running = asyncio.ensure_future(asyncio.to_thread(self._cycle, targets))
+                targets, v = self._targets(list(self.gpus)), self.book.version
+                running = asyncio.ensure_future(asyncio.to_thread(self._cycle, targets, v))
                 done, _ = await asyncio.wait({running}, timeout=self.cfg.control.read_timeout_s)
                 if done:
                     fut, running = running, None
@@ -678,20 +690,8 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
     def final_counts(self) -> Mapping[str, Any]:
         return {"published": self.published_total, "read_timeouts": self.read_timeouts_total,
                 "stale_epoch_refused": self.book.stale_refused,
-                "xid_events": self.xid_total}
+                "xid_events": self.xid_total, "limit_corrections": self.limit_corrections}
 
     @classmethod
     def load_config(cls, path: str | os.PathLike[str]) -> TrayAgentConfig:
         return load_tray_agent_config(Path(path))
-
-
-def make_source(cfg: TrayAgentConfig) -> GpuSource:
-    """The configured GPU source (``agents.source``)."""
-    if cfg.agents.source == "dcgm":
-        return DcgmSource(cfg.dcgm.url, cfg.dcgm.timeout_s)
-    return NvmlSource()
-
-
-def g_read(g: _Gpu) -> bool:
-    """The GPU has been read at least once (its limits are known or known missing)."""
-    return g.reading is not None

@@ -27,6 +27,13 @@ limit bounds the tray's input power); the smaller of the two; the safe cap likew
 ``safe_gpu_cap_w`` + non-GPU power); released: None (the control's maximum). The control's
 range clamps it (`trayagent.core.bmc.clamp_setpoint`).
 
+**Convergence** (`limit_action`): what a GPU is held at converges to the last desired state.
+A GPU applies a new limit after a delay and the agent sees it only in a later read-back, so a
+read-back equal to the target does not prove it is held while another limit the agent set is
+still on its way (a set, then a release or another set, within the delay): the target is set
+again (the device applies the later set last), and every read-back that differs from the
+target is set again too, however often the same command came: no "nothing changed" shortcut.
+
 Times are monotonic seconds passed in by the caller (this module reads no clock).
 """
 
@@ -37,9 +44,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-__all__ = ["CapBook", "DeviceLimits", "StaleEpoch", "Target", "TrayCaps"]
+__all__ = ["CapBook", "DeviceLimits", "LimitAction", "StaleEpoch", "Target", "TrayCaps",
+           "limit_action"]
 
 Source = Literal["racky", "safe", "default"]
+LimitAction = Literal["held", "wait", "set"]
 
 
 class StaleEpoch(ValueError):
@@ -96,6 +105,9 @@ class CapBook:
     trays: dict[int, TrayCaps] = field(init=False)
     stale_refused: int = field(default=0, init=False)
     """commands refused by `apply` for a stale epoch since the start (one per command)"""
+    version: int = field(default=0, init=False)
+    """grows with every change of the book (`apply`, `expire`): targets computed under an
+    older version are stale"""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.safe_gpu_cap_w) and self.safe_gpu_cap_w > 0):
@@ -133,6 +145,7 @@ class CapBook:
             raise ValueError("a cap needs ttl_s")
         rel = set(release)
         grew = False
+        self.version += 1
         for t in ts:
             c = self.trays[t]
             if c.epoch is None or epoch > c.epoch:
@@ -164,6 +177,8 @@ class CapBook:
                 c.expired_total += 1
                 c.held_safe = True
                 out.append(t)
+        if out:
+            self.version += 1
         return out
 
     def expires_in_s(self, tray: int, now: float) -> float | None:
@@ -217,6 +232,23 @@ class CapBook:
         if c.gpu_power_cap_w is not None:
             cap = min(cap, c.gpu_power_cap_w * c.gpus + non_gpu_power_w)
         return cap, "racky"
+
+
+def limit_action(read_w: float | None, target_w: float, last_set_w: float | None,
+                 since_set_s: float, tolerance_w: float, settle_s: float) -> LimitAction:
+    """What to do for one GPU (module docstring, **Convergence**): ``"held"`` (the read-back
+    ``read_w`` is within ``tolerance_w`` of ``target_w`` and no other limit the agent set
+    less than ``settle_s`` ago can still land), ``"wait"`` (``target_w`` itself was set
+    ``since_set_s`` < ``settle_s`` ago and is not read back yet) or ``"set"`` (set
+    ``target_w`` now). All in W and s; ``last_set_w``: the limit last set (None: never)."""
+    recent = last_set_w is not None and since_set_s < settle_s
+    other_pending = recent and last_set_w is not None \
+        and abs(last_set_w - target_w) > tolerance_w
+    if read_w is not None and abs(read_w - target_w) <= tolerance_w and not other_pending:
+        return "held"
+    if recent and not other_pending:
+        return "wait"
+    return "set"
 
 
 def _clamp(wanted: float | None, lim: DeviceLimits, src: Source) -> Target:
