@@ -183,6 +183,8 @@ class RackyTick:
         ingest: the node agents' telemetry (`TelemetryIngest`).
         pending: request id -> (trays, sent at monotonic s) of unanswered agent commands.
         agent_stats: sent / ok / refused / lost / send_errors counts (``state/health``);
+            ``deferred``: tray-ticks the cap loop sent a tray nothing new because its last
+            command was still unanswered (`awaiting_trays`; one command in flight per tray);
             of the ok replies, ``unconfirmed`` (the agent could not read its limits back yet),
             ``legacy_replies`` (an agent older than contract 1.3: the older reply layout,
             read during the deprecation window) and ``bad_reply_state`` (a state racky cannot
@@ -209,7 +211,8 @@ class RackyTick:
         self.latest: dict[str, dict[str, Sample]] = {}
         self.pending: dict[str, tuple[tuple[int, ...], float]] = {}
         self.agent_stats = {"sent": 0, "ok": 0, "refused": 0, "lost": 0, "send_errors": 0,
-                            "unconfirmed": 0, "legacy_replies": 0, "bad_reply_state": 0}
+                            "unconfirmed": 0, "legacy_replies": 0, "bad_reply_state": 0,
+                            "deferred": 0}
         self.agent_readback: dict[int, ReplyReading] = {}
         self.started_mono = started_mono
         self._request_n = 0
@@ -544,9 +547,11 @@ class RackyTick:
         core = self.core
         eff = TickEffects(logs=self.take_logs())
         self.ingest.update_gpu_columns()
+        self._expire_pending(now_mono)  # an expired command no longer holds its trays
         inp = RackyInputs(self.latest, dict(self.ingest.trays), self.ingest.frame,
-                          self.cooling_reading())
+                          self.cooling_reading(), awaiting=self.awaiting_trays())
         out = core.step(now_mono, inp, wall_ns)
+        self.agent_stats["deferred"] += len(core.deferred_trays)
         eff.output = out
         self._commands(out.commands, now_mono, wall_ns, eff)
         self._expire_pending(now_mono)
@@ -609,6 +614,11 @@ class RackyTick:
                 "trays": list(c.trays), "args": c.args, "reason": c.reason,
                 "request_id": rid}))
             eff.agent_commands.append(AgentPublish(topic, payload, c.trays, c.reason))
+
+    def awaiting_trays(self) -> frozenset[int]:
+        """The trays with an agent command racky sent and that is still unanswered (at most
+        ``node_agents.reply_timeout_s`` old: `_expire_pending` drops older ones)."""
+        return frozenset(k for trays, _ in self.pending.values() for k in trays)
 
     def _expire_pending(self, now_mono: float) -> None:
         lim = self.cfg.node_agents.reply_timeout_s

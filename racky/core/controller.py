@@ -104,6 +104,9 @@ class RackyInputs:
     trays: Mapping[int, TrayReading] = field(default_factory=dict)
     frame: LinkFrame | None = None
     cooling: CoolingReading | None = None
+    awaiting: frozenset[int] = frozenset()
+    """Trays with an agent command still unanswered (within ``node_agents.reply_timeout_s``):
+    the tick sends them nothing new until it is answered or expires (`RackyCore.step`)."""
 
 
 @dataclass
@@ -175,6 +178,8 @@ class RackyCore:
                 self.desired_powered[k] = False
         self.power_changed_at = np.full(self.n_trays, -np.inf)
         self.last_sent: list[DesiredTray | None] = [None] * self.n_trays
+        #: trays this step sent nothing new because their last command is unanswered
+        self.deferred_trays: list[int] = []
         self.refused: dict[int, str] = {}
         self.non_tray_w = a.non_tray_power_w
         self._non_tray = NonTrayEstimate(a.non_tray_power_w)
@@ -328,13 +333,22 @@ class RackyCore:
                 self.desired_powered[k] = switch_on
                 self.power_changed_at[k] = now
         desired = self.desired(caps)
-        seen = [k for k in range(self.n_trays) if k in trays]
+        # one command in flight per tray: an agent applies its commands one at a time, each
+        # after its read-back, so a new cap every tick to a tray whose last one is still
+        # unanswered queued up behind it (seen: 61 commands in 4 s, answered 20 s late);
+        # such a tray keeps its last-sent settings and gets the newest desired ones once
+        # its reply (or the reply timeout) is in. Urgent commands (`urgent_commands`: power
+        # off, safety verbs) are not held.
+        awaiting = inp.awaiting
+        self.deferred_trays = sorted(k for k in awaiting if k in trays)
+        seen = [k for k in range(self.n_trays) if k in trays and k not in awaiting]
         cmds = diff_commands([self.last_sent[k] for k in seen], [desired[k] for k in seen],
                              "cap loop")
         cmds = [AgentCommand(tuple(seen[i] for i in c.trays), c.args, c.reason) for c in cmds]
         self.recon.limits = DeviceLimits.of(cfg.node_agents, self.alloc.other_share)
         resend, drift = self.recon.step(now, desired, trays, fresh)
-        resend = [k for k in resend if k not in {t for c in cmds for t in c.trays}]
+        resend = [k for k in resend
+                  if k not in {t for c in cmds for t in c.trays} and k not in awaiting]
         if resend:
             refreshed = self.recon.refreshed  # capped trays due for their TTL refresh
             for reason, ks in ((REASSERT, [k for k in resend if k not in refreshed]),
