@@ -475,6 +475,11 @@ class ValidationSettings(StrictModel):
     max_pre_fec_per_min: float = Field(2.0, gt=0, description="pre-FEC mean rate per port "
                                        "<= this (IBTA 120/h)")
     max_power_over_budget_pct: float = Field(2.0, ge=0)
+    power_settle_s: float = Field(
+        5.0, ge=0, le=60, description="the power criterion judges each sample against the "
+        "highest limit in force over this long before it, s: a lowered limit (a lease moved, "
+        "a cap request) shows in the rack's power only after racky's next tick, the agents' "
+        "command and read-back and the GPUs' apply delay (0: the limit of the sample itself)")
     min_backend_fraction: float = Field(0.3, gt=0, le=1, description="NIC throughput in the "
                                         "backend phase >= this share of line rate")
     max_nvlink_fraction_backend: float = Field(0.01, ge=0, le=1, description="NVLink "

@@ -17,7 +17,9 @@ links        no link alarm (flapping, dropped, zero-rate errors, error rate, BER
              up; pre-FEC mean rate <= ``max_pre_fec_per_min`` per port (IBTA 120/h, §3.2)
              over the bins closed during the run, a port failing only when significantly
              above (Poisson tail < ``PRE_FEC_ALPHA`` / ports); failing ports named
-power        rack power <= limit × (1 + ``max_power_over_budget_pct``) and <= PSU capacity
+power        rack power <= limit × (1 + ``max_power_over_budget_pct``), the limit being the
+             highest in force over the ``power_settle_s`` before the sample (a lowered limit
+             takes the caps' response time to show), and <= PSU capacity
 backend      in the backend phase NIC throughput >= ``min_backend_fraction`` of line rate (the
              rack's highest NIC speed: a port trained lower counts against it) on every NIC
              port, NVLink <= ``max_nvlink_fraction_backend`` (paths disabled); the failing
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -243,11 +246,21 @@ class ValidationRun:
         ))
         over = 0.0
         over_cap = False
+        # a lowered limit (a lease moved, a cap request) takes the caps' response time to
+        # show in the rack's power: each sample is judged against the highest limit in force
+        # over the ``power_settle_s`` before it (a monotonic deque: O(samples))
+        window: deque[tuple[float, float]] = deque()  # (t_s, limit W), limits decreasing
         for s in self.samples:
+            if s.limit_w:
+                while window and window[-1][1] <= s.limit_w:
+                    window.pop()
+                window.append((s.t_s, s.limit_w))
+            while window and window[0][0] < s.t_s - c.power_settle_s - 1e-9:
+                window.popleft()
             if s.rack_power_w is None:
                 continue
-            if s.limit_w:
-                over = max(over, 100.0 * (s.rack_power_w / s.limit_w - 1.0))
+            if window:
+                over = max(over, 100.0 * (s.rack_power_w / window[0][1] - 1.0))
             if s.capacity_w is not None and s.rack_power_w > s.capacity_w * 1.001:
                 over_cap = True
         pw = max((s.rack_power_w or 0.0 for s in self.samples), default=0.0)

@@ -109,3 +109,27 @@ def test_racky_and_rlc_command_wiring_is_built_once_by_the_rig() -> None:
         src = (here / f"{name}.py").read_text()
         for wiring in ("CommandRouter(", "register_racky_commands(", "register_rlc_commands("):
             assert wiring not in src, f"{name} wires its own router ({wiring}): use the rig's"
+
+
+def test_power_is_judged_against_the_limit_after_the_caps_response_time() -> None:
+    """A lease lowered for one tick while the rack draws the old limit (seen in the demo's
+    campaign: limit 132 -> 123 -> 132 kW, rack 132 kW) is within the caps' response time
+    (``power_settle_s``); a rack still above a lowered limit after it fails."""
+
+    def run(limits_kw: list[float], power_kw: list[float], settle_s: float) -> str:
+        v = ValidationRun("rack", "rack1", ValidationSettings(power_settle_s=settle_s), 0.0,
+                          [("load", 600.0)])
+        for k, (lim, pw) in enumerate(zip(limits_kw, power_kw, strict=True)):
+            v.add(ValidationSample(float(k), "load", pw * 1e3, lim * 1e3, 264e3, 60.0, 20.0, 0,
+                                   0.0, 0.0, 0.0, 0, 0, 0.0))
+        (c,) = [c for c in v.judge().criteria if c.name == "power within budget"]
+        return ("pass " if c.passed else "FAIL ") + c.measured
+
+    dip = [132.0, 132.0, 132.0, 123.0, 132.0, 132.0, 132.0, 132.0]
+    held = [132.0] * 8
+    assert run(dip, held, 5.0).startswith("pass ")
+    assert run(dip, held, 0.0) == "FAIL peak 132.0 kW, 7.3 % over the limit"
+    lowered = [132.0, 132.0] + [110.0] * 10  # the rack never follows a lowered lease
+    assert run(lowered, [132.0] * 12, 5.0).startswith("FAIL peak 132.0 kW, 20.0 %")
+    follows = [132.0, 132.0, 132.0, 132.0, 120.0, 110.0] + [110.0] * 6  # within 4 s
+    assert run(lowered, follows, 5.0).startswith("pass ")
