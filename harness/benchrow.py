@@ -212,7 +212,8 @@ def row_figures(one: RowRun | None, row: RowRun | None) -> list[Figure]:
 
     r, o = row, one
     how = (f"{r.n_racks if r else ROW_RACKS} racks' valvey + racky processes, each rack a "
-           f"{SCENARIO} simulator process on its own ports, one Mosquitto, VictoriaMetrics")
+           f"{SCENARIO} simulator + tray agent process on its own ports (rack k's agent "
+           "reading at phase k/n of its second), one Mosquitto, VictoriaMetrics")
     cpu_r = r.daemons_cpu_cores if r else None
     cpu_o = o.daemons_cpu_cores if o else None
     figs.append(Figure("bench.row.daemons_cpu_cores", cpu_r, "CPU-s/s", 1.0, "<=", detail=(
@@ -362,11 +363,11 @@ def row_run(tmp: Path, srv: Servers, n_racks: int, warmup_s: float, window_s: fl
                     [sys.executable, *bench_script("daemon_child.py"), which, str(cfg),
                      str(stats)], tmp / r / f"{which}.log"), stats)
         wait_subscribed(list(daemons.values()), timeout_s=180.0)
-        for r in racks:
+        for k, r in enumerate(racks):  # rack k's agent at phase k/n of its second
             sim_stats[r] = tmp / r / "sim-stats.json"
             sims[r] = spawn([sys.executable, *bench_script("sim_child.py"), SCENARIO, SITE, r,
-                             str(port), *map(str, ports[r]), str(sim_stats[r])],
-                            tmp / r / "sim.log")
+                             str(port), *map(str, ports[r]), str(sim_stats[r]),
+                             str(k / n_racks)], tmp / r / "sim.log")
         seen = Path(str(watch_out) + ".seen")
         deadline = time.monotonic() + 180.0
         every = {**sims, **{k: c for k, (c, _) in daemons.items()}}

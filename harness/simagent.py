@@ -65,7 +65,7 @@ from trayagent.core.payload import GpuReading
 from trayagent.sources import SourceError
 
 __all__ = ["LIMIT_DELAY_S", "SimBmc", "SimGpuSource", "SimTrayFace", "agent_config",
-           "run_rack_agent"]
+           "phase_delay_s", "run_rack_agent"]
 
 LIMIT_DELAY_S = 0.3
 """How long a simulated GPU takes to apply a new power limit, s (the stand-in NVML's figure
@@ -363,10 +363,33 @@ def build_rack_agent(scenario: str | Scenario, ident: Identity, mqtt: MqttSettin
     return RackAgent(sim, face, agent)
 
 
-async def run_rack_agent(ra: RackAgent, stop: asyncio.Event) -> None:
-    """Run the simulator and the agent until ``stop``."""
+def phase_delay_s(phase: float, period_s: float, now_mono: float) -> float:
+    """How long to wait from ``now_mono`` (s, the host's monotonic clock, shared by its
+    processes) until the next instant at ``phase`` (a fraction in [0, 1)) of a ``period_s``
+    cycle, s in [0, period_s).
+
+    Raises:
+        ValueError: ``phase`` outside [0, 1) or ``period_s`` not > 0.
+    """
+    if not (math.isfinite(phase) and 0.0 <= phase < 1.0):
+        raise ValueError(f"phase {phase!r} must be in [0, 1)")
+    if not (math.isfinite(period_s) and period_s > 0.0):
+        raise ValueError(f"period_s {period_s!r} must be > 0")
+    return (phase * period_s - now_mono) % period_s
+
+
+async def run_rack_agent(ra: RackAgent, stop: asyncio.Event, *,
+                         phase: float | None = None) -> None:
+    """Run the simulator and the agent until ``stop``. ``phase``: start the agent at this
+    fraction of its ``control.tick_s`` on the host's monotonic clock (`phase_delay_s`), so
+    that several racks' agents on one host read and publish at spread instants, as
+    separate tray hosts do, rather than wherever their processes happened to start; None:
+    at once."""
     async with asyncio.TaskGroup() as tg:
         tg.create_task(ra.sim.run(stop))
+        if phase is not None:
+            await asyncio.sleep(phase_delay_s(phase, ra.agent.cfg.control.tick_s,
+                                              time.monotonic()))
         tg.create_task(ra.agent.run(stop))
 
 

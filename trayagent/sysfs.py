@@ -58,6 +58,8 @@ IB_DATA_COUNTERS = ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "por
 """64-bit with extended counters, else 32-bit saturating (the unicast / multicast ones exist
 only with extended counters)."""
 
+_MISSING = Rate(None, "missing")
+
 _WORDS = frozenset({"port_xmit_data", "port_rcv_data"})
 
 
@@ -232,12 +234,14 @@ class LinkRates:
             same = self.rates.get(r.name)
             if same is not None:
                 return same
-        out = {}
-        for k, v in r.counters.items():
-            if prev is None or k not in prev.counters:
-                out[k] = Rate(None, "missing")
-                continue
-            out[k] = counter_rate(r.specs[k], prev.counters[k], v, r.mono - prev.mono,
-                                  self.max_rate_per_s)
+        out: dict[str, Rate]
+        if prev is None:
+            out = dict.fromkeys(r.counters, _MISSING)
+        else:
+            before, specs, elapsed_s = prev.counters, r.specs, r.mono - prev.mono
+            max_rate = self.max_rate_per_s
+            out = {k: _MISSING if k not in before
+                   else counter_rate(specs[k], before[k], v, elapsed_s, max_rate)
+                   for k, v in r.counters.items()}
         self.rates[r.name] = out
         return out

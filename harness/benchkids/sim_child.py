@@ -5,7 +5,12 @@ sources, in this one process), counting what the benchmark needs; written as JSO
 stops (SIGTERM).
 
 Usage: ``python -m harness.benchkids.sim_child SCENARIO SITE RACK MQTT_PORT MODBUS_PORT
-SHELF_PORT STATS_JSON``
+SHELF_PORT STATS_JSON [PHASE]``
+
+``PHASE``: the fraction of the agent's 1 s read period (on the host's monotonic clock) at which
+this rack's agent reads and publishes (`harness.simagent.run_rack_agent`); the benchmark gives
+rack k of n the phase k/n, as unsynchronised tray hosts spread over the second; absent: at
+the process's own start.
 
 Counted: ``tray_messages`` (the agent's ``telemetry/trayNN`` messages handed to its MQTT
 link: what racky should parse), ``t_s`` (plant seconds run), the plant tick's lateness
@@ -32,6 +37,7 @@ def main(argv: list[str]) -> int:
     scenario, site, rack = argv[0], argv[1], argv[2]
     mqtt_port, modbus_port, shelf_port = int(argv[3]), int(argv[4]), int(argv[5])
     out = Path(argv[6])
+    phase = float(argv[7]) if len(argv) > 7 else None
     configure_logging("warning", "json")
     ra = build_rack_agent(
         scenario, Identity(site=site, rack=rack),
@@ -44,7 +50,7 @@ def main(argv: list[str]) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_rack_agent(ra, stop)
+        await run_rack_agent(ra, stop, phase=phase)
 
     asyncio.run(go())
     sim, agent = ra.sim, ra.agent

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from harness.simagent import SimTrayFace
+from harness.simagent import SimTrayFace, phase_delay_s
 from rackplane.clock import FakeClock
 from rackplane.core.tray_contract import SCHEMA_VERSION, decode_tray
 from racky.config import RackyConfig
@@ -155,3 +155,19 @@ def test_a_negative_or_wrapped_xid_total_is_never_published() -> None:
     g = p["gpus"]
     assert isinstance(g, list) and g[0]["xid_total"] is None and g[0]["xids"] == [79]
     assert np.all([gp["ecc_corrected_volatile"] is None for gp in g])
+
+
+@pytest.mark.parametrize(("phase", "now", "want"), [
+    (0.0, 100.0, 0.0), (0.25, 100.0, 0.25), (0.25, 100.5, 0.75), (0.875, 7.9, 0.975),
+])
+def test_the_agent_waits_for_its_phase_of_the_period(phase: float, now: float,
+                                                     want: float) -> None:
+    assert phase_delay_s(phase, 1.0, now) == pytest.approx(want)
+    assert (now + phase_delay_s(phase, 2.0, now)) % 2.0 == pytest.approx(2.0 * phase)
+
+
+@pytest.mark.parametrize(("phase", "period_s"), [(1.0, 1.0), (-0.1, 1.0), (float("nan"), 1.0),
+                                                 (0.5, 0.0), (0.5, float("inf"))])
+def test_a_phase_outside_a_period_is_refused(phase: float, period_s: float) -> None:
+    with pytest.raises(ValueError):
+        phase_delay_s(phase, period_s, 3.0)

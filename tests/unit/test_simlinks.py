@@ -68,6 +68,22 @@ def test_a_read_is_the_fabrics_port_at_its_last_step_with_the_counters_widths() 
     assert links.read("gpu99/nic0", 5.0).errors["port"].startswith("no such port")
 
 
+def test_each_ports_counters_in_the_snapshot_are_its_columns_and_reads_own_their_dict(
+        ) -> None:
+    vr, face, clock = _rack()
+    links = face.links()
+    assert links is not None
+    _step(vr, face, clock, 1.5)
+    s = face.link_snapshot()
+    assert s is not None and len(s.port_counters) == len(s.names)
+    for i in (0, len(s.names) // 2, len(s.names) - 1):
+        assert s.port_counters[i] == {k: col[i] for k, col in s.counters.items()}
+    a, b = links.read(PORT, 2.0), links.read(PORT, 2.0)
+    assert a.counters == b.counters and a.counters is not b.counters
+    a.counters["tx_bytes"] = -1  # a reader's caller may keep or change its reading
+    assert links.read(PORT, 2.0).counters == b.counters
+
+
 def test_counters_move_with_the_fabric_and_rates_span_its_own_interval() -> None:
     vr, face, clock = _rack()
     links = face.links()

@@ -75,6 +75,21 @@ def test_readings_that_cannot_vouch_give_an_unknown_rate_never_zero(
     assert counter_rate(spec, prev, cur, dt, 1e6) == (None, reason)
 
 
+@pytest.mark.parametrize("spec", [SAT16, SAT32_WORDS, WRAP32, WRAP64])
+def test_an_unchanged_counter_below_its_top_is_a_known_zero_rate(spec: CounterSpec) -> None:
+    assert counter_rate(spec, 7, 7, 0.5, 1e6) == (0.0, None)
+    assert counter_rate(spec, spec.top - 1, spec.top - 1, 0.5, 1e6) == (0.0, None)
+
+
+@pytest.mark.parametrize("bits", [4, 8, 16, 32, 64])
+def test_a_counter_specs_top_is_its_largest_value_and_not_part_of_its_identity(bits: int
+                                                                              ) -> None:
+    spec = CounterSpec(bits, saturates=False)
+    assert spec.top == 2**bits - 1
+    assert spec == CounterSpec(bits, saturates=False)
+    assert "top" not in repr(spec)
+
+
 def test_a_plausible_wrap_of_a_wrapping_counter_is_counted() -> None:
     assert counter_rate(WRAP32, 2**32 - 10, 5, 1.0, 1e6) == (15.0, None)
 

@@ -22,7 +22,7 @@ A wrap of a wrapping counter is counted as a wrap when the wrapped difference is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 __all__ = ["CounterSpec", "Rate", "counter_rate"]
@@ -41,17 +41,16 @@ class CounterSpec:
     bits: int
     saturates: bool
     scale: float = 1.0
+    top: int = field(init=False, repr=False, compare=False)
+    """The largest value, 2**bits − 1 (derived once: `counter_rate` reads it for every
+    counter of every port each cycle)."""
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8, 16, 32, 64):
             raise ValueError(f"counter width {self.bits} bits is not 4, 8, 16, 32 or 64")
         if not self.scale > 0:
             raise ValueError(f"counter scale {self.scale} must be > 0")
-
-    @property
-    def top(self) -> int:
-        """The largest value, 2**bits − 1."""
-        return (1 << self.bits) - 1
+        object.__setattr__(self, "top", (1 << self.bits) - 1)
 
 
 class Rate(NamedTuple):
@@ -60,6 +59,13 @@ class Rate(NamedTuple):
 
     per_s: float | None
     reason: str | None = None
+
+
+_MISSING = Rate(None, "missing")
+_NO_TIME = Rate(None, "no_time")
+_SATURATED = Rate(None, "saturated")
+_RESET = Rate(None, "reset")
+_ZERO = Rate(0.0)
 
 
 def counter_rate(spec: CounterSpec, prev: int | None, cur: int | None, elapsed_s: float,
@@ -74,17 +80,20 @@ def counter_rate(spec: CounterSpec, prev: int | None, cur: int | None, elapsed_s
         max_rate_per_s: the largest plausible rate, in raw counts per second (a wrap
             implying more is a reset).
     """
-    if prev is None or cur is None or not (0 <= prev <= spec.top and 0 <= cur <= spec.top):
-        return Rate(None, "missing")
+    top = spec.top
+    if prev is None or cur is None or not (0 <= prev <= top and 0 <= cur <= top):
+        return _MISSING
     if not elapsed_s > 0:
-        return Rate(None, "no_time")
-    if spec.saturates and cur == spec.top:
-        return Rate(None, "saturated")
-    if cur >= prev:
+        return _NO_TIME
+    if spec.saturates and cur == top:
+        return _SATURATED
+    if cur == prev:
+        return _ZERO  # most error counters, most of the time
+    if cur > prev:
         return Rate((cur - prev) * spec.scale / elapsed_s)
     if spec.saturates:
-        return Rate(None, "reset")
-    wrapped = cur + spec.top + 1 - prev
+        return _RESET
+    wrapped = cur + top + 1 - prev
     if wrapped > max_rate_per_s * elapsed_s:
-        return Rate(None, "reset")
+        return _RESET
     return Rate(wrapped * spec.scale / elapsed_s)

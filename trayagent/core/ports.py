@@ -81,21 +81,21 @@ def port_block(gpu: int, readings: Sequence[PortReading], rates: Sequence[Mappin
     if not readings:
         return None, "no port"
     names = list(counters) if counters else sorted(
-        set.intersection(*(set(r.counters) for r in readings)))
+        set(readings[0].counters).intersection(*(r.counters for r in readings[1:])))
     cols: dict[str, list[int]] = {}
     bits: dict[str, int] = {}
     for n in names:
-        specs = {r.specs[n].bits for r in readings if n in r.specs}
-        if len(specs) != 1 or next(iter(specs)) not in CONTRACT_BITS:
+        widths = {sp.bits for r in readings if (sp := r.specs.get(n)) is not None}
+        if len(widths) != 1 or (width := widths.pop()) not in CONTRACT_BITS:
             if counters:
                 return None, f"counter {n}: not on every port with one contract width"
             continue
         vals = [r.counters.get(n) for r in readings]
-        if any(v is None for v in vals):
+        if None in vals:
             bad = next(r for r in readings if r.counters.get(n) is None)
             return None, f"{bad.name}: {n} unknown ({bad.errors.get(n, 'not read')})"
         cols[n] = [int(v) for v in vals if v is not None]
-        bits[n] = next(iter(specs))
+        bits[n] = width
     link_up, speed, tx, rx = [], [], [], []
     for r, rt in zip(readings, rates, strict=True):
         if "port" in r.errors:
