@@ -94,6 +94,15 @@ def demo(
         run_demo,
     )
 
+    if nats_server is not None and nats_server.strip().lower() not in ("none", "off", ""):
+        # a binary the user named and that is not there is a usage error, not a quiet
+        # fallback to the row without rlc (that is what --nats-server none asks for)
+        from harness.demo.fleet import find_nats_server
+
+        found, why = find_nats_server(nats_server)
+        if found is None:
+            _fail(f"--nats-server {nats_server!r}: {why}; name the nats-server binary, or "
+                  "'none' for the row without rlc", EXIT_USAGE)
     if broker is not None:
         _host, _, port_s = broker.partition(":")
         if port_s and not (port_s.isdigit() and 1 <= int(port_s) <= 65535):

@@ -93,7 +93,7 @@ def _step_items(steps: Sequence[dict[str, Any]]) -> list[CheckItem]:
     out = []
     for st in steps:
         pv = st.get("valvey_pv")
-        label = f"{st['disturbance']} at t = {st['t0_s']:g} s within ±{BAND_K:g} K"
+        label = f"{st['disturbance']} at t = {st['t0_s']:g} s back within ±{BAND_K:g} K"
         window = f"scored over t = {st['t0_s']:g}-{st['t1_s']:.0f} s"
         if not pv:
             out.append(CheckItem(label, False, f"no valvey state in the window ({window})"))

@@ -104,6 +104,8 @@ def find_nats_server(choice: str | None = None) -> tuple[str | None, str]:
     path = shutil.which(name) or (f"/usr/sbin/{name}" if "/" not in name and
                                   os.access(f"/usr/sbin/{name}", os.X_OK) else None)
     if path is None:
+        if "/" in name:
+            return None, f"{name} is not an executable nats-server"
         return None, f"nats-server not found ({name!r} on PATH and in /usr/sbin)"
     return path, ""
 

@@ -230,11 +230,19 @@ def write_plot(path: Path, sc: Scenario, rec: Recorder, rack: str | None = None,
     fig, ax = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     tt = [r["t_s"] for r in rec.plant]
     t = [r["t_s"] for r in rec.loop]
-    sp = sc.plant.supply_setpoint_c
-    ax[0].axhspan(sp - BAND_K, sp + BAND_K, color="tab:green", alpha=0.12, label="±0.5 K")
+    # the setpoint valvey reported at each state (an operator's set_setpoint moves it), the
+    # scenario's until valvey's first state
+    sps = [r.get("setpoint_c") or sc.plant.supply_setpoint_c for r in rec.loop]
+    if t:
+        ax[0].fill_between(t, [s - BAND_K for s in sps], [s + BAND_K for s in sps],
+                           step="post", color="tab:green", alpha=0.12, label="±0.5 K")
+        ax[0].step(t, sps, where="post", color="k", lw=0.8, label="setpoint")
+    else:
+        sp = sc.plant.supply_setpoint_c
+        ax[0].axhspan(sp - BAND_K, sp + BAND_K, color="tab:green", alpha=0.12, label="±0.5 K")
+        ax[0].axhline(sp, color="k", lw=0.8, label="setpoint")
     ax[0].plot(t, [r.get("supply_temp_c") for r in rec.loop], label="supply temp (valvey PV)")
     ax[0].plot(tt, [r["supply_temp_c"] for r in rec.plant], "--", lw=1, label="supply temp (plant)")
-    ax[0].axhline(sp, color="k", lw=0.8, label="setpoint")
     ax[0].set_ylabel("°C")
     ax[0].legend(loc="upper right", fontsize=8)
     ax[1].plot(t, [r.get("valve_command_pct") for r in rec.loop], label="valve command")

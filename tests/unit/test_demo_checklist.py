@@ -69,7 +69,7 @@ def test_every_item_checked_from_a_run_that_showed_it_with_its_figures() -> None
     items = checklist(SC, rec, STEPS, 170.0)
     assert [c.ok for c in items] == [True] * 6, [c.line() for c in items]
     lines = [c.line() for c in items]
-    assert lines[0].startswith("[x] load step up at t = 40 s within ±0.5 K: held: max |error| "
+    assert lines[0].startswith("[x] load step up at t = 40 s back within ±0.5 K: held: max |error| "
                                "0.31 K, never left the band (scored over t = 40-90 s)")
     assert "back within the band after 12 s" in lines[1]
     pump = next(x for x in lines if x.startswith("[x] pump trip"))

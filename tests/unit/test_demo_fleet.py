@@ -155,6 +155,8 @@ def test_the_nats_server_is_found_or_the_reason_said(tmp_path: Path,
     monkeypatch.delenv(NATS_ENV, raising=False)
     assert find_nats_server("none") == (None, "no nats-server wanted (--nats-server none)")
     path, why = find_nats_server(str(tmp_path / "no-such-nats"))
+    assert path is None and "is not an executable nats-server" in why
+    path, why = find_nats_server("no-such-nats-server-name")  # a name: PATH and /usr/sbin
     assert path is None and "not found" in why
     fake = tmp_path / "my-nats"
     fake.write_text("#!/bin/sh\n")
@@ -196,3 +198,19 @@ def test_the_live_view_of_a_row_under_rlc_says_its_leases_and_campaign(tmp_path:
     assert "campaign demo-r13: r13 validating, run rack.1 running" in text
     assert "(row under rlc: budgets as leases)" in text
     assert "rlc: r12 lease 140.0 kW (seq 2)" in text
+
+
+def test_a_named_nats_server_that_is_not_there_is_a_usage_error(tmp_path: Path) -> None:
+    """``--nats-server PATH`` naming nothing runnable stops at once (exit 2, saying so): it
+    is not quietly the row without rlc, which ``--nats-server none`` asks for."""
+    from typer.testing import CliRunner
+
+    from harness.demo.fleet import find_nats_server
+    from rackctl.cli import EXIT_USAGE, app
+
+    missing = str(tmp_path / "no-nats-server")
+    assert find_nats_server(missing) == (None, f"{missing} is not an executable nats-server")
+    r = CliRunner().invoke(app, ["demo", "--nats-server", missing, "--out", str(tmp_path)])
+    assert r.exit_code == EXIT_USAGE, r.output
+    assert "is not an executable nats-server" in r.output and "'none'" in r.output
+    assert not any(tmp_path.iterdir())  # nothing was started
