@@ -126,7 +126,9 @@ def _no_topology(data: object) -> str | None:
         return None
     return (f"{what}: rlc budgets only the racks the operator configured, never a built-in "
             "example. Write [topology] with its site and halls → rows (limit_w) → racks "
-            f"(floor_w, max_w); see the commented example in {EXAMPLE_CONFIG}")
+            f"(floor_w, max_w); see the commented example in {EXAMPLE_CONFIG} (commented out "
+            "on purpose, so that file alone is refused too: copy it, uncomment [topology] and "
+            "write your own site, rows and racks)")
 
 
 class RlcConfig(DaemonSettings):
