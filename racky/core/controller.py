@@ -28,14 +28,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from rackplane.core.alarms import AlarmEvent
-from rackplane.core.samples import Sample
 from rackplane.errors import CommandError
 from racky.config import RackyConfig
 from racky.core import cap_binding, views
@@ -49,6 +46,7 @@ from racky.core.agent_settings import (
 )
 from racky.core.alarmbank import AlarmBank, AlarmKind
 from racky.core.campaign_gate import JUDGED_KEEP, JudgedRun, check_production
+from racky.core.core_io import CoreOutput, FloatArray, RackyInputs
 from racky.core.lifecycle import PersistedState, quarantine_reason
 from racky.core.linkframe import LinkFrame
 from racky.core.links import LINK_ALARM_KINDS, LinkHealth, LinkStep
@@ -71,7 +69,6 @@ from racky.core.power import (
 from racky.core.telemetry import TrayReading, TrayTable
 from racky.core.thermal import (
     THERMAL_ALARM_KINDS,
-    CoolingReading,
     ThermalInputs,
     ThermalStep,
     ThermalWatch,
@@ -85,7 +82,7 @@ ALARM_KINDS: tuple[AlarmKind, ...] = (*LINK_ALARM_KINDS, *THERMAL_ALARM_KINDS,
                                       *POWER_ALARM_KINDS)
 """The core's alarm kinds (links, thermal, power)."""
 
-FloatArray = npt.NDArray[np.float64]
+
 REASSERT = "re-assert (reported settings drifted)"
 """Reason of a command that re-sends unchanged settings to an agent that does not hold them."""
 REFRESH = "refresh (caps' TTL)"
@@ -93,50 +90,6 @@ REFRESH = "refresh (caps' TTL)"
 (node-agent contract v1, `racky.core.power.CAP_REFRESH_S`)."""
 POWER_GRACE_S = 30.0
 """Link events of a tray's ports within this long of a power switch are its power cycle."""
-
-
-@dataclass
-class RackyInputs:
-    """What one tick reads: shelf samples (device -> point -> sample), tray readings, the link
-    frame, the cooling loop."""
-
-    shelves: Mapping[str, Mapping[str, Sample]] = field(default_factory=dict)
-    trays: Mapping[int, TrayReading] = field(default_factory=dict)
-    frame: LinkFrame | None = None
-    cooling: CoolingReading | None = None
-    awaiting: frozenset[int] = frozenset()
-    """Trays with an agent command still unanswered (within ``node_agents.reply_timeout_s``):
-    the tick sends them nothing new until it is answered or expires (`RackyCore.step`)."""
-
-
-@dataclass
-class CoreOutput:
-    """What one tick decided."""
-
-    t_mono: float
-    commands: list[AgentCommand]
-    alarm_events: list[AlarmEvent]
-    shelves: ShelfView
-    rack_power_w: float | None
-    it_power_w: float | None
-    limit: LimitState
-    caps_w: FloatArray
-    thermal: ThermalStep
-    links: LinkStep | None
-    validation_result: ValidationResult | None = None
-    derate_w: float | None = None
-    """The facility-water derate cap in force after the tick, W (None: not derating)."""
-    cooling_capacity_w: float | None = None
-    """The rack power the cooling carries now by valvey's measurement, W (DC; the derate's
-    P_max: `Derate.measured_capacity_w`); None: no fresh facility water or no measurement."""
-    trays_off: int = 0
-    """Trays racky wants off (safety power-downs, power cycles, sequencing)."""
-    readings: Mapping[int, TrayReading] = field(default_factory=dict)
-    """The tray readings the tick used (tray -> reading)."""
-    link_health: LinkHealth | None = None
-    """The link pipeline (its per-port figures for telemetry), once a frame arrived."""
-    persist_version: int = 0
-    """Changes whenever the persisted state changed (the caller saves it)."""
 
 
 class RackyCore:

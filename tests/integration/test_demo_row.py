@@ -24,20 +24,29 @@ pytestmark = pytest.mark.slow
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def test_two_racks_run_side_by_side_with_the_row_power_against_its_limit(
-        tmp_path: Path) -> None:
-    scenario = tmp_path / "demo-faults-short.toml"
-    scenario.write_text(FAULTS_SHORT)
+def _run_row(tmp_path: Path, name: str, scenario_toml: str, nats_server: str,
+             timeout_s: float) -> tuple[subprocess.CompletedProcess[str], float, Path]:
+    """``rackctl demo --racks 2`` on ``scenario_toml`` (``--nats-server``: a binary or
+    ``none``): its completed process (exit 0 asserted), wall s and run folder."""
+    scenario = tmp_path / f"{name}.toml"
+    scenario.write_text(scenario_toml)
     out = tmp_path / "out"
     t0 = time.monotonic()
     r = subprocess.run(
         [sys.executable, "-m", "rackctl", "demo", "--racks", "2", "--scenario", str(scenario),
-         "--out", str(out), "--nats-server", "none"],  # the row without rlc (no NATS)
-        capture_output=True, text=True, timeout=150, cwd=tmp_path,
+         "--out", str(out), "--nats-server", nats_server],
+        capture_output=True, text=True, timeout=timeout_s, cwd=tmp_path,
     )
     wall_s = time.monotonic() - t0
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (run_dir,) = out.iterdir()
+    return r, wall_s, run_dir
+
+
+def test_two_racks_run_side_by_side_with_the_row_power_against_its_limit(
+        tmp_path: Path) -> None:
+    # the row without rlc (no NATS)
+    r, wall_s, run_dir = _run_row(tmp_path, "demo-faults-short", FAULTS_SHORT, "none", 150)
     row = json.loads((run_dir / "summary.json").read_text())
     racks = {s["rack"]: s for s in row["racks"]}
     assert list(racks) == ["r12", "r13"]
@@ -120,18 +129,7 @@ step_at_s = 10.0
 def test_a_row_under_rlc_grants_leases_within_the_limit_and_validates_the_new_rack(
         tmp_path: Path) -> None:
     nats = require_binary("nats-server", "nats-server")  # skipped (CI=true: failed) if missing
-    scenario = tmp_path / "demo-row-rlc.toml"
-    scenario.write_text(ROW_RLC)
-    out = tmp_path / "out"
-    t0 = time.monotonic()
-    r = subprocess.run(
-        [sys.executable, "-m", "rackctl", "demo", "--racks", "2", "--scenario", str(scenario),
-         "--out", str(out), "--nats-server", nats],
-        capture_output=True, text=True, timeout=170, cwd=tmp_path,
-    )
-    wall_s = time.monotonic() - t0
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    (run_dir,) = out.iterdir()
+    r, wall_s, run_dir = _run_row(tmp_path, "demo-row-rlc", ROW_RLC, nats, 170)
     row = json.loads((run_dir / "summary.json").read_text())
     assert row["coordination"].startswith("row under rlc"), row["coordination"]
     rlc = row["rlc"]
