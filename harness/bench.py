@@ -285,18 +285,19 @@ def write_plots(out: Path, plots: dict[str, Any]) -> list[Path]:
     return paths
 
 
-def _row_plot(plt: Any, out: Path, row: dict[int, dict[str, Any]]) -> Path:
+def _row_plot(plt: Any, out: Path, row: dict[str, dict[str, Any]]) -> Path:
     """row.png: the daemons' (and simulators') CPU and each daemon process's p99 tick
-    lateness, 1 rack vs the row (`harness.benchrow`)."""
-    ns = sorted(row)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
+    lateness, per run of `harness.benchrow.section_row` (keys: the runs' labels, in order:
+    1 rack, the row, the row at the normal policy)."""
+    ns = list(row)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     xs = range(len(ns))
     ax1.bar([x - 0.2 for x in xs], [row[n]["cpu_cores"] for n in ns], 0.4,
             label="valvey + racky")
     ax1.bar([x + 0.2 for x in xs], [row[n]["sims_cpu_cores"] for n in ns], 0.4,
             label="simulators", color="tab:gray")
     ax1.axhline(1.0, color="k", ls="--", lw=1, label="daemons' target 1 core")
-    ax1.set_xticks(list(xs), [f"{n} rack{'s' if n > 1 else ''}" for n in ns])
+    ax1.set_xticks(list(xs), [n.replace(", ", ",\n") for n in ns], fontsize=8)
     ax1.set_ylabel("CPU-s per s (cores)")
     ax1.legend(fontsize=8)
     for x, n in zip(xs, ns, strict=True):
@@ -307,7 +308,7 @@ def _row_plot(plt: Any, out: Path, row: dict[int, dict[str, Any]]) -> Path:
                      label=kind if x == 0 else None, color="tab:blue" if kind == "valvey"
                      else "tab:orange")
     ax2.axhline(5.0, color="k", ls="--", lw=1, label="p99 target 5 ms")
-    ax2.set_xticks(list(xs), [f"{n} rack{'s' if n > 1 else ''}" for n in ns])
+    ax2.set_xticks(list(xs), [n.replace(", ", ",\n") for n in ns], fontsize=8)
     ax2.set_xlim(-0.5, len(ns) - 0.5)
     ax2.set_ylabel("control-tick lateness p99 per process, ms")
     ax2.legend(fontsize=8)

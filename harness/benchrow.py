@@ -4,7 +4,9 @@ Each rack is one simulator process (`harness.benchkids.sim_child`: ``healthy-24h
 whole virtual rack with its CDU and 8 power shelves on the rack's own Modbus ports, its 18
 trays and their link ports published by the real tray agent in the same process, as in the
 demo: `harness.simagent`), one valvey and one racky (`harness.benchkids.daemon_child`: their
-console scripts' path), all on the suite's Mosquitto and VictoriaMetrics. An observer
+console scripts' path, under the CPU scheduling their systemd units give them,
+`unit_scheduling`: round-robin real-time for the event loop; where the host refuses it, the
+figures say so), all on the suite's Mosquitto and VictoriaMetrics. An observer
 (`harness.benchkids.row_watch`) hears the simulators' published clock and the daemons'
 self-metrics (``state/health``).
 
@@ -23,13 +25,18 @@ Measured over a window after every simulator has published and a warm-up:
   before the simulators start and stop after them, with a drain);
 - simulator lag: per simulator, wall s elapsed minus plant s run between its first and its
   last ``telemetry/plant`` message, both read from the message (``ts_ns`` and ``t_s``, its
-  own clocks); the simulator skips 10 Hz steps it fell behind on, so the lag only grows.
+  own clocks); a simulator that fell behind runs the steps it owes (`sims.runtime`), so the
+  lag left is what it could not catch up (or dropped, ``steps_dropped``).
+
+The row is run twice: under the units' scheduling (the targets) and at the normal policy
+(``bench.row.normal_policy.*``: what the units' scheduling buys, information).
 
 `row_figures` turns a 1-rack and an N-rack `RowRun` into the ``bench.row.*`` figures.
 """
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import statistics
@@ -57,7 +64,9 @@ from harness.figures import Comparison, Figure
 from harness.servers import free_port
 
 __all__ = ["ROW_NAMES", "RowRun", "host_busy_s", "lost_lines", "row_figures", "row_run",
-           "section_row", "sim_lag_s", "window_lateness_ms"]
+           "section_row", "sim_lag_s", "unit_scheduling", "window_lateness_ms"]
+
+UNITS_DIR = Path(__file__).resolve().parents[1] / "systemd"
 
 SITE = "lab"
 SCENARIO = "healthy-24h"
@@ -94,6 +103,12 @@ class RowRun:
     lag_s: dict[str, float]
     lag_growth_s: dict[str, float]
     sim_overruns: dict[str, int] = field(default_factory=dict)
+    sim_caught_up: dict[str, int] = field(default_factory=dict)
+    """Per rack, plant steps its simulator's late ticks ran to catch up."""
+    sim_dropped: dict[str, int] = field(default_factory=dict)
+    """Per rack, plant steps its simulator dropped (a backlog past its bound)."""
+    sched: dict[str, str] = field(default_factory=dict)
+    """Per daemon process, the scheduling it ran under (`daemon_child.apply_scheduling`)."""
     host_busy_cores: float | None = None
     """The whole host's busy CPU over the window (other jobs included), cores."""
     load_avg: tuple[float, float] | None = None
@@ -136,6 +151,46 @@ class RowRun:
 
 
 # -- the figure computations (pure) -----------------------------------------------------------
+
+
+def unit_scheduling(daemon: str, units_dir: Path = UNITS_DIR) -> str:
+    """The CPU scheduling ``daemon``'s shipped unit (``<units_dir>/<daemon>.service``) gives
+    it, as `harness.benchkids.daemon_child` takes it: ``rr:N`` / ``fifo:N`` (a real-time
+    ``CPUSchedulingPolicy=`` with its ``CPUSchedulingPriority=``), else ``other``.
+
+    Raises:
+        OSError: the unit file cannot be read.
+        ValueError: a real-time policy without a priority in 1..99.
+    """
+    cp = configparser.ConfigParser(strict=False, interpolation=None)
+    cp.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep their case
+    cp.read_string((units_dir / f"{daemon}.service").read_text())
+    svc = cp["Service"] if cp.has_section("Service") else {}
+    policy = svc.get("CPUSchedulingPolicy", "other").strip().lower()
+    if policy not in ("rr", "fifo"):
+        return "other"
+    prio = svc.get("CPUSchedulingPriority", "").strip()
+    if not prio.isdigit() or not 1 <= int(prio) <= 99:
+        raise ValueError(f"{daemon}.service: CPUSchedulingPolicy={policy} needs "
+                         f"CPUSchedulingPriority= in 1..99, got {prio!r}")
+    return f"{policy}:{prio}"
+
+
+def sched_summary(run: RowRun | None) -> str:
+    """How the run's daemons were scheduled, in words."""
+    if run is None or not run.sched:
+        return "scheduling unknown"
+    kinds = sorted(set(run.sched.values()))
+    if all(k == "other" for k in kinds):
+        return "daemons at the normal policy"
+    refused = [k for k in kinds if k.startswith("not applied")]
+    if refused:
+        return "daemons at the normal policy: the units' real-time scheduling was refused (" \
+            + refused[0].removeprefix("not applied ") + ")"
+    per = {d: sorted({v for k, v in run.sched.items() if k.startswith(d + "@")})
+           for d in ("valvey", "racky")}
+    return "daemons under their units' scheduling (" + ", ".join(
+        f"{d} {'/'.join(v)}" for d, v in per.items() if v) + ", reset on fork)"
 
 
 def window_lateness_ms(late_s: Sequence[float], tick_mono: Sequence[float], t0: float,
@@ -195,9 +250,11 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
     return "—" if v is None else format(v, spec)
 
 
-def row_figures(one: RowRun | None, row: RowRun | None) -> list[Figure]:
+def row_figures(one: RowRun | None, row: RowRun | None,
+                normal: RowRun | None = None) -> list[Figure]:
     """The ``bench.row.*`` figures: the targets on the row (``row``), the same of one rack
-    (``one``) beside it in the detail and as ``bench.row.one_rack.*`` (information)."""
+    (``one``) beside it in the detail and as ``bench.row.one_rack.*`` (information), and the
+    row at the normal policy (``normal``) as ``bench.row.normal_policy.*`` (information)."""
     figs: list[Figure] = []
 
     def side(run: RowRun | None, what: str) -> str:
@@ -228,7 +285,8 @@ def row_figures(one: RowRun | None, row: RowRun | None) -> list[Figure]:
         f"racky 1 Hz, {sum(len(v) for v in r.late_ms.values()) if r else 0} ticks); valvey "
         f"{_fmt(worst(r, 'valvey'))}, racky {_fmt(worst(r, 'racky'))} ms; self-metrics heard "
         f"over MQTT (tick_late_last_s, sampled): p99 "
-        f"{_fmt(pct(r.health_late_ms, 0.99) if r else None)} ms; 1 rack: {_fmt(worst(o))} ms"),
+        f"{_fmt(pct(r.health_late_ms, 0.99) if r else None)} ms; 1 rack: {_fmt(worst(o))} ms; "
+        f"{sched_summary(r)}; the same row at the normal policy: {_fmt(worst(normal))} ms"),
         extra={"per_process_p99_ms": r.p99_ms() if r else {}}))
     lost = r.samples_lost if r else None
     figs.append(Figure("bench.row.samples_lost", None if lost is None else float(lost), "lines",
@@ -246,9 +304,10 @@ def row_figures(one: RowRun | None, row: RowRun | None) -> list[Figure]:
     figs.append(Figure("bench.row.sim_lag_s", lag(r), "s", 1.0, "<=", detail=(
         "the most behind simulator: wall s - plant s from its first to its last telemetry/"
         "plant (its own ts_ns and t_s); grown during the window: "
-        f"{_fmt(max(r.lag_growth_s.values()) if r and r.lag_growth_s else None)} s; 10 Hz steps "
-        f"skipped, all simulators: {sum(r.sim_overruns.values()) if r else '—'}; 1 rack: "
-        f"{_fmt(lag(o))} s"),
+        f"{_fmt(max(r.lag_growth_s.values()) if r and r.lag_growth_s else None)} s; plant steps "
+        f"late ticks ran to catch up, all simulators: "
+        f"{sum(r.sim_caught_up.values()) if r else '—'}, dropped: "
+        f"{sum(r.sim_dropped.values()) if r else '—'}; 1 rack: {_fmt(lag(o))} s"),
         extra={"per_rack_s": r.lag_s if r else {}}))
     figs.append(Figure("bench.row.sims_cpu_cores", r.sims_cpu_cores if r else None, "CPU-s/s",
                        detail=side(r, "the simulator processes (not the daemons') over the "
@@ -267,6 +326,14 @@ def row_figures(one: RowRun | None, row: RowRun | None) -> list[Figure]:
         o, f"worst p99, valvey {_fmt(worst(o, 'valvey'))}, racky {_fmt(worst(o, 'racky'))} ms")))
     figs.append(Figure("bench.row.one_rack.sim_lag_s", lag(o), "s", detail=side(
         o, "wall s - plant s of its simulator")))
+    n = normal
+    figs.append(Figure("bench.row.normal_policy.tick_late_p99_ms", worst(n), "ms", detail=side(
+        n, f"the row again with every process at the normal policy (no real-time): worst p99 "
+           f"valvey {_fmt(worst(n, 'valvey'))}, racky {_fmt(worst(n, 'racky'))} ms over "
+           f"{_fmt(n.window_s if n else None)} s; daemons "
+           f"{_fmt(n.daemons_cpu_cores if n else None)} cores, simulators "
+           f"{_fmt(n.sims_cpu_cores if n else None)}; simulator lag "
+           f"{_fmt(lag(n))} s")))
     return figs
 
 
@@ -336,8 +403,9 @@ def _cpu(kids: dict[str, Child]) -> dict[str, float]:
 
 
 def row_run(tmp: Path, srv: Servers, n_racks: int, warmup_s: float, window_s: float,
-            tag: str) -> RowRun:
-    """One run of ``n_racks`` racks (module docstring): warm-up, then a ``window_s`` window.
+            tag: str, *, units_sched: bool = True) -> RowRun:
+    """One run of ``n_racks`` racks (module docstring): warm-up, then a ``window_s`` window;
+    the daemons under their units' scheduling (``units_sched``) or the normal policy.
 
     Raises:
         RuntimeError: a daemon or simulator did not start, or the observer failed.
@@ -354,6 +422,7 @@ def row_run(tmp: Path, srv: Servers, n_racks: int, warmup_s: float, window_s: fl
         if not wait_file(Path(str(watch_out) + ".ready"), 30, watch):
             raise RuntimeError(f"row observer did not subscribe: {watch.tail()}")
         ports = {r: (free_port(), free_port()) for r in racks}
+        sched = {d: unit_scheduling(d) if units_sched else "other" for d in ("valvey", "racky")}
         t_start = time.monotonic()
         for r in racks:
             vcfg, rcfg = _configs(tmp, srv, r, *ports[r])
@@ -361,7 +430,7 @@ def row_run(tmp: Path, srv: Servers, n_racks: int, warmup_s: float, window_s: fl
                 stats = tmp / r / f"{which}-stats.json"
                 daemons[f"{which}@{r}"] = (spawn(
                     [sys.executable, *bench_script("daemon_child.py"), which, str(cfg),
-                     str(stats)], tmp / r / f"{which}.log"), stats)
+                     str(stats), sched[which]], tmp / r / f"{which}.log"), stats)
         wait_subscribed(list(daemons.values()), timeout_s=180.0)
         for k, r in enumerate(racks):  # rack k's agent at phase k/n of its second
             sim_stats[r] = tmp / r / "sim-stats.json"
@@ -397,21 +466,27 @@ def row_run(tmp: Path, srv: Servers, n_racks: int, warmup_s: float, window_s: fl
     seen_data = json.loads(watch_out.read_text())
     late: dict[str, list[float]] = {}
     parsed: dict[str, int] = {}
+    applied: dict[str, str] = {}
     for key, (child, path) in daemons.items():
         if not path.exists():
             raise RuntimeError(f"no stats from {key}: {child.tail()}")
         st = json.loads(path.read_text())
+        applied[key] = str(st.get("sched", "other"))
         late[key] = window_lateness_ms(st["late_s"], st["tick_mono"], t0, t1)
         if key.startswith("racky@"):
             parsed[key.split("@", 1)[1]] = int(st.get("parsed", 0))
     published: dict[str, int] = {}
     overruns: dict[str, int] = {}
+    caught_up: dict[str, int] = {}
+    dropped: dict[str, int] = {}
     for r, path in sim_stats.items():
         if not path.exists():
             raise RuntimeError(f"no stats from the simulator of {r}: {sims[r].tail()}")
         st = json.loads(path.read_text())
         published[r] = int(st["tray_messages"])
         overruns[r] = int(st["tick_overruns"])
+        caught_up[r] = int(st.get("steps_caught_up", 0))
+        dropped[r] = int(st.get("steps_dropped", 0))
     lag, growth = sim_lag_s(seen_data["plant"], t0)
     health = seen_data["health"]
     hl = [1000.0 * float(s["tick_late_last_s"]) for _r, _d, recv, s in health
@@ -422,31 +497,40 @@ def row_run(tmp: Path, srv: Servers, n_racks: int, warmup_s: float, window_s: fl
         sim_cpu_s={k: s1[k] - s0[k] for k in s0 if k in s1},
         late_ms=late, health_late_ms=hl, lost_lines=lost_lines(health, list(daemons)),
         tray_published=published, tray_parsed=parsed, lag_s=lag, lag_growth_s=growth,
-        sim_overruns=overruns, host_busy_cores=(h1 - h0) / wall, load_avg=(load0, load1))
+        sim_overruns=overruns, sim_caught_up=caught_up, sim_dropped=dropped, sched=applied,
+        host_busy_cores=(h1 - h0) / wall, load_avg=(load0, load1))
 
 
 def section_row(ctx: Context) -> list[Figure]:
-    """1 rack, then `ROW_RACKS` racks (windows of 10 and 20 s with ``quick``, else 60 and 120 s)."""
+    """1 rack, then `ROW_RACKS` racks, under the units' scheduling (windows of 10 and 20 s with
+    ``quick``, else 60 and 120 s), then the row again at the normal policy (20 / 60 s)."""
     assert ctx.srv is not None
     quick = ctx.quick
-    runs: dict[int, RowRun] = {}
+    runs: dict[str, RowRun] = {}
     # warm-up: a daemon's first seconds cost far more than its steady state (imports,
     # first reads, learning); the row's start-up is longer on a small host
-    for i, (n, warm, win) in enumerate(((1, 8.0, 10.0), (ROW_RACKS, 12.0, 20.0)) if quick
-                                       else ((1, 15.0, 60.0), (ROW_RACKS, 20.0, 120.0))):
+    plan = (((1, 8.0, 10.0, True), (ROW_RACKS, 12.0, 20.0, True), (ROW_RACKS, 12.0, 20.0, False))
+            if quick else
+            ((1, 15.0, 60.0, True), (ROW_RACKS, 20.0, 120.0, True),
+             (ROW_RACKS, 20.0, 60.0, False)))
+    for i, (n, warm, win, units) in enumerate(plan):
+        label = f"{n} rack{'s' if n > 1 else ''}" + ("" if units else ", normal policy")
         try:
-            runs[n] = row_run(ctx.tmp, ctx.srv, n, warm, win, f"n{n}")
+            runs[label] = row_run(ctx.tmp, ctx.srv, n, warm, win,
+                                  f"n{n}" + ("" if units else "o"), units_sched=units)
         except Exception as err:
-            if n == ROW_RACKS:  # the targets' run: the suite fails its figures with the reason
+            if n == ROW_RACKS and units:  # the targets' run: the figures fail with the reason
                 raise
-            # the 1-rack run is context: the row still runs, its figures say "not measured"
-            print(f"row: the 1-rack run failed: {reason_of(err)}", file=sys.stderr)
-        ctx.progress("row", (i + 1) / 2)
-    one, row = runs.get(1), runs.get(ROW_RACKS)
+            # the others are context: their figures say "not measured"
+            print(f"row: the {label} run failed: {reason_of(err)}", file=sys.stderr)
+        ctx.progress("row", (i + 1) / len(plan))
+    one = runs.get("1 rack")
+    row = runs.get(f"{ROW_RACKS} racks")
+    normal = runs.get(f"{ROW_RACKS} racks, normal policy")
     ctx.plots["row"] = {
-        n: {"cpu_cores": r.daemons_cpu_cores, "sims_cpu_cores": r.sims_cpu_cores,
-            "p99_ms": r.p99_ms(),
-            "median_late_ms": statistics.median([x for v in r.late_ms.values() for x in v])
-            if any(r.late_ms.values()) else None}
-        for n, r in runs.items()}
-    return row_figures(one, row)
+        label: {"cpu_cores": r.daemons_cpu_cores, "sims_cpu_cores": r.sims_cpu_cores,
+                "p99_ms": r.p99_ms(),
+                "median_late_ms": statistics.median([x for v in r.late_ms.values() for x in v])
+                if any(r.late_ms.values()) else None}
+        for label, r in runs.items()}
+    return row_figures(one, row, normal)

@@ -319,6 +319,12 @@ class DaemonFrame(ABC, Generic[C]):
     def publish_final_state(self) -> None:
         """Queue the last retained state (before the link stops)."""
 
+    async def quiesce(self) -> None:
+        """Stop producing, first thing at a stop (after the tick's last run): the owner tasks
+        that read and publish stop here, so nothing is queued once the link drains (default:
+        nothing; a daemon whose outputs go through an owner task keeps that one running for
+        `stop_outputs`)."""
+
     def apply_reload(self, cfg: C) -> ReloadOutcome:
         """Apply what of the new config applies at once (commands and log are the frame's)."""
         return ReloadOutcome()
@@ -602,6 +608,7 @@ class DaemonFrame(ABC, Generic[C]):
                               input_invalid=self.input_invalid_samples(),
                               leadership=self.lease_runner)
         self.notifier.tick()
+        self.writer.tick_ended()
         if not self.first_step_done.is_set():
             self.first_step_done.set()
             status, fields = self.ready_status()
@@ -647,6 +654,7 @@ class DaemonFrame(ABC, Generic[C]):
             ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
+            await self._bounded("quiesce", self.quiesce())
             await self._bounded("stop_outputs", self.stop_outputs())
             await self._bounded("save_state", self.save_state_at_stop())
             if self.lease_runner is not None:  # after the stop writes: hand over

@@ -1,7 +1,11 @@
 """The virtual rack in real time behind real protocols (DESIGN §4).
 
 The plant (`sims.scenario.ScenarioRun`, the whole virtual rack by default) steps at 10 Hz on
-the monotonic clock. After each step:
+the monotonic clock: its time keeps up with real time. A tick that ran late (the host was busy)
+runs the plant steps it owes back to back, at most `CATCH_UP_STEPS_PER_TICK` a tick, so the plant
+never falls behind for good as a plant that skipped them would; a backlog beyond
+`MAX_BACKLOG_S` (the process was stopped or starved for that long) is dropped rather than
+replayed, counted in ``steps_dropped`` and logged. After each tick's steps:
 
 * the CDU's readings are served by a Modbus TCP face built from ``cdu-generic`` (the register
   map valvey reads; client writes: valve command, pump speed, heartbeat, local setpoint go
@@ -74,6 +78,11 @@ __all__ = ["SIM_DT_S", "CduSimulator", "VirtualRackSimulator", "apply_set_power_
            "encode_readings", "plant_payload", "serve_values"]
 
 SIM_DT_S = 0.1
+CATCH_UP_STEPS_PER_TICK = 10
+"""Plant steps one late tick may run to catch up with real time (1 s of plant time; the
+next ticks run the rest)."""
+MAX_BACKLOG_S = 10.0
+"""Plant time owed beyond this (s) is dropped, not replayed (``steps_dropped``)."""
 
 
 def encode_readings(
@@ -212,7 +221,12 @@ class VirtualRackSimulator:
             power limits, `sims.rack.NodeAgents.set_gpu_power_limit`; harness.simagent).
 
     ``step_hooks``: callables ``hook(rack, now_mono)`` run after every plant step (in the
-    loop, synchronously; they must be quick).
+    loop, synchronously; they must be quick); ``now_mono`` is the step's own time on the
+    monotonic clock (the tick's start for an on-time step; earlier for the steps a late tick
+    runs to catch up).
+
+    Counters: ``steps_run`` (plant steps), ``steps_caught_up`` (of them, run by a late tick
+    beyond its own), ``steps_dropped`` (owed beyond `MAX_BACKLOG_S`, never run).
 
     Raises:
         ValueError: ``model="cdu"`` for a scenario that needs the rack, bad unit ids.
@@ -303,6 +317,11 @@ class VirtualRackSimulator:
         self.exit_at_end = exit_at_end
         self.ground_truth_path = ground_truth_path
         self.tick_stats = TickStats()
+        self.steps_run = 0
+        self.steps_caught_up = 0
+        self.steps_dropped = 0
+        self._step_index = 0  # steps of the schedule run or dropped
+        self._t0_mono: float | None = None  # the first tick's time: step k is due at t0 + k dt
         self.rejected_writes = 0
         self._next_publish = 0.0
         self._announced_end = False
@@ -419,15 +438,43 @@ class VirtualRackSimulator:
             self._write_ground_truth()
             if self.exit_at_end:
                 done.set()
-        run.step(SIM_DT_S)  # past the end: the scenario's last inputs, no new faults
-        if self.rack is not None:
-            for hook in self.step_hooks:
-                hook(self.rack, now)
+        for t_step in self._steps_due(now):
+            run.step(SIM_DT_S)  # past the end: the scenario's last inputs, no new faults
+            if self.rack is not None:
+                for hook in self.step_hooks:
+                    hook(self.rack, t_step)
         self.apply_protocol()
         self.serve()
         if self.mqtt is not None and now >= self._next_publish:
             self._next_publish = now + self.telemetry_interval_s
             self._publish()
+
+    def _steps_due(self, now: float) -> list[float]:
+        """The monotonic times of the plant steps this tick runs: every step due by ``now``
+        and not run yet (at most `CATCH_UP_STEPS_PER_TICK`; a backlog beyond `MAX_BACKLOG_S`
+        is dropped and counted first)."""
+        if self._t0_mono is None:
+            self._t0_mono = now
+        due = math.floor((now - self._t0_mono) / SIM_DT_S + 1e-6) + 1  # steps due by now
+        owed = due - self._step_index
+        limit = round(MAX_BACKLOG_S / SIM_DT_S)
+        if owed > limit:
+            dropped = owed - limit
+            self.steps_dropped += dropped
+            self._step_index += dropped
+            owed = limit
+            self.log.warning("plant_backlog_dropped", dropped_s=round(dropped * SIM_DT_S, 1),
+                             steps_dropped=self.steps_dropped,
+                             note=f"the process was held up for more than {MAX_BACKLOG_S} s; "
+                             "the plant's time now lags real time by the dropped steps")
+        n = max(0, min(owed, CATCH_UP_STEPS_PER_TICK))
+        if n > 1:
+            self.steps_caught_up += n - 1
+        first = self._step_index
+        self._step_index += n
+        self.steps_run += n
+        t0 = self._t0_mono
+        return [min(now, t0 + (first + i) * SIM_DT_S) for i in range(n)]
 
     def _publish(self) -> None:
         assert self.mqtt is not None

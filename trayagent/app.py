@@ -672,6 +672,17 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
                              note="racky silent longer than the caps' ttl_s: GPUs held at "
                              "the safe cap")
 
+    async def quiesce(self) -> None:
+        """The read, Xid and BMC loops stop before the link drains: a read cycle that ends
+        during the stop publishes nothing the link would no longer send (a message counted
+        as published is one the broker got), and the sources close after their last use."""
+        names = [n for n in self.tasks if n in ("read", "xid") or n.startswith("bmc:")]
+        tasks = [self.tasks[n] for n in names]
+        for name in names:
+            self.stop_task(name)
+        if tasks:
+            await asyncio.wait(tasks)
+
     async def stop_outputs(self) -> None:
         """The GPUs keep the limits in force (a stopped agent leaves them capped)."""
 

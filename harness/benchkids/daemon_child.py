@@ -1,7 +1,13 @@
 """Run racky or valvey exactly as their console scripts do (`rackplane.io.service.run_daemon`), with
 counters the benchmarks need and the daemons do not publish, written as JSON at exit.
 
-Usage: ``python -m harness.benchkids.daemon_child racky|valvey CONFIG STATS_JSON``
+Usage: ``python -m harness.benchkids.daemon_child racky|valvey CONFIG STATS_JSON [SCHED]``
+
+``SCHED``: the scheduling the daemon's systemd unit gives it, applied to this process before
+anything else (`harness.benchrow.unit_scheduling`): ``rr:PRIORITY`` or ``fifo:PRIORITY``
+(real-time, reset on fork: the worker threads the daemon starts run at the normal policy, as
+``CPUSchedulingResetOnFork=yes`` makes them), ``other`` or absent: the normal policy. Whether
+it was applied (it needs CAP_SYS_NICE) is written as ``sched`` in the stats.
 
 * racky: every tray payload handed to ``TelemetryIngest.tray_payload`` is counted (first and
   last monotonic time), so the benchmark can compare what it published with what racky parsed.
@@ -11,12 +17,17 @@ Usage: ``python -m harness.benchkids.daemon_child racky|valvey CONFIG STATS_JSON
 
 The stats file is written when the daemon stops (SIGTERM). Nothing else differs from
 ``racky --config CONFIG`` / ``valvey --config CONFIG``.
+
+Diagnostics: with ``RACKPLANE_BENCH_SLOW_CALLBACK_MS`` set, every event-loop callback that ran
+that long or longer is recorded (``slow_callbacks``: ``[start_mono, s, what]``), to see what
+held the loop when a tick was late (it slows the daemon: never on for published figures).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -88,9 +99,60 @@ async def _run(daemon: Any, which: str, marker: Path) -> int:
         task.cancel()
 
 
+def _watch_slow_callbacks(stats: dict[str, Any], min_s: float) -> None:
+    """Record every event-loop callback that ran ``min_s`` or longer: ``[start_mono, dt_s,
+    what]`` rows in ``stats["slow_callbacks"]`` (diagnostics: what held the loop when a tick
+    was late)."""
+    import asyncio.events
+
+    slow: list[list[Any]] = []
+    stats["slow_callbacks"] = slow
+    run = asyncio.events.Handle._run
+    mono = time.monotonic
+
+    def timed(self: Any) -> None:
+        t0 = mono()
+        run(self)
+        dt = mono() - t0
+        if dt >= min_s:
+            cb = getattr(self, "_callback", None)
+            key = getattr(cb, "__qualname__", None) or repr(cb)[:80]
+            task = getattr(cb, "__self__", None)
+            if isinstance(task, asyncio.Task):
+                coro = task.get_coro()
+                key = f"task {getattr(coro, '__qualname__', repr(coro)[:60])}"
+            slow.append([t0, dt, key])
+
+    asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+
+
+def apply_scheduling(spec: str) -> str:
+    """Put this process under ``spec`` (module docstring); returns what was done, for the
+    stats: ``"rr:20"``, ``"other"``, or ``"not applied (rr:20): <why>"``.
+
+    Raises:
+        ValueError: ``spec`` is not ``other``, ``rr:N`` or ``fifo:N``.
+    """
+    if spec in ("", "other"):
+        return "other"
+    kind, _, prio = spec.partition(":")
+    policies = {"rr": os.SCHED_RR, "fifo": os.SCHED_FIFO}
+    if kind not in policies or not prio.isdigit():
+        raise ValueError(f"scheduling {spec!r}: expected other, rr:N or fifo:N")
+    try:
+        os.sched_setscheduler(0, policies[kind] | os.SCHED_RESET_ON_FORK,
+                              os.sched_param(int(prio)))
+    except OSError as err:  # no CAP_SYS_NICE (not root, or a container without it)
+        return f"not applied ({spec}): {err.strerror or err}"
+    return spec
+
+
 def main(argv: list[str]) -> int:
     which, cfg_path, out = argv[0], Path(argv[1]), Path(argv[2])
     stats: dict[str, Any] = {"daemon": which}
+    stats["sched"] = apply_scheduling(argv[3] if len(argv) > 3 else "other")
+    if os.environ.get("RACKPLANE_BENCH_SLOW_CALLBACK_MS"):
+        _watch_slow_callbacks(stats, float(os.environ["RACKPLANE_BENCH_SLOW_CALLBACK_MS"]) / 1000)
     daemon = _racky(cfg_path, stats) if which == "racky" else _valvey(cfg_path, stats)
     rc = asyncio.run(_run(daemon, which, Path(str(out) + ".subscribed")))
     ts = daemon.tick_stats

@@ -14,10 +14,11 @@ the process's own start.
 
 Counted: ``tray_messages`` (the agent's ``telemetry/trayNN`` messages handed to its MQTT
 link: what racky should parse), ``t_s`` (plant seconds run), the plant tick's lateness
-(``tick_late_max_s``, ``tick_overruns``: 10 Hz ticks skipped because the process fell
-behind), the link counters of the simulator and the agent together (``messages_out``,
-``telemetry_dropped``: telemetry their bounded queues dropped) and the agent's read-cycle
-CPU (``agent_read_cpu_s``).
+(``tick_late_max_s``, ``tick_overruns``: 10 Hz ticks that never ran because the process fell
+behind; ``steps_caught_up``: plant steps late ticks ran for them; ``steps_dropped``: a backlog
+past `sims.runtime.MAX_BACKLOG_S`, never run), the link counters of the simulator and the
+agent together (``messages_out``, ``telemetry_dropped``: telemetry their bounded queues
+dropped) and the agent's read-cycle CPU (``agent_read_cpu_s``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def main(argv: list[str]) -> int:
     out.write_text(json.dumps({
         "tray_messages": agent.published_total, "t_s": sim.run_.t_s, "ticks": ts.ticks,
         "tick_overruns": ts.overruns, "tick_late_max_s": ts.late_max_s,
+        "steps_caught_up": sim.steps_caught_up, "steps_dropped": sim.steps_dropped,
         "tick_cpu_s": sim.tick_cpu_s, "agent_read_cpu_s": agent.read_cpu_s,
         "messages_out": sum(s.messages_out for s in links),
         "telemetry_dropped": sum(s.telemetry_dropped for s in links)}))

@@ -107,9 +107,9 @@ def test_row_figures_without_self_metrics_or_a_run_fail_not_pass() -> None:
 
 
 def test_row_plot_is_written(tmp_path: Path) -> None:
-    row = {n: {"cpu_cores": 0.1 * n, "sims_cpu_cores": 0.05 * n,
-               "p99_ms": {"valvey@a": 2.0, "racky@a": 1.0}, "median_late_ms": 0.5}
-           for n in (1, 8)}
+    row = {label: {"cpu_cores": 0.1 * n, "sims_cpu_cores": 0.05 * n,
+                   "p99_ms": {"valvey@a": 2.0, "racky@a": 1.0}, "median_late_ms": 0.5}
+           for label, n in (("1 rack", 1), ("8 racks", 8), ("8 racks, normal policy", 8))}
     paths = bench.write_plots(tmp_path, {"row": row})
     assert [p.name for p in paths] == ["row.png"] and paths[0].stat().st_size > 1000
 
@@ -140,3 +140,39 @@ def test_row_run_of_two_racks_measures_every_process(tmp_path: Path) -> None:
     assert all(n >= 18 for n in run.tray_published.values())
     assert run.tray_parsed == run.tray_published
     assert set(run.lost_lines) == keys
+
+
+def test_the_bench_runs_the_daemons_under_their_shipped_units_scheduling(tmp_path: Path) -> None:
+    from harness.benchrow import unit_scheduling
+
+    # the shipped units: both real-time round-robin, cooling above power
+    v, r = unit_scheduling("valvey"), unit_scheduling("racky")
+    assert v.startswith("rr:") and r.startswith("rr:")
+    assert int(v.split(":")[1]) > int(r.split(":")[1])
+    (tmp_path / "plain.service").write_text("[Service]\nExecStart=/bin/true\n")
+    assert unit_scheduling("plain", tmp_path) == "other"
+    (tmp_path / "fifo.service").write_text(
+        "[Service]\nCPUSchedulingPolicy=FIFO\nCPUSchedulingPriority=7\nExecStart=/bin/true\n"
+        "ExecStart=/bin/false\n")  # a key twice, as units may have
+    assert unit_scheduling("fifo", tmp_path) == "fifo:7"
+    (tmp_path / "bad.service").write_text("[Service]\nCPUSchedulingPolicy=rr\n")
+    with pytest.raises(ValueError, match="CPUSchedulingPriority"):
+        unit_scheduling("bad", tmp_path)
+
+
+def test_a_refused_or_bad_scheduling_is_said_not_hidden() -> None:
+    from harness.benchkids.daemon_child import apply_scheduling
+    from harness.benchrow import sched_summary
+
+    assert apply_scheduling("other") == "other"
+    with pytest.raises(ValueError):
+        apply_scheduling("rr:high")
+    one = _run(1)
+    one.sched = {"valvey@a": "not applied (rr:20): Operation not permitted",
+                 "racky@a": "not applied (rr:10): Operation not permitted"}
+    assert "refused" in sched_summary(one) and "Operation not permitted" in sched_summary(one)
+    one.sched = {"valvey@a": "rr:20", "racky@a": "rr:10"}
+    assert sched_summary(one) == ("daemons under their units' scheduling (valvey rr:20, "
+                                  "racky rr:10, reset on fork)")
+    one.sched = {"valvey@a": "other", "racky@a": "other"}
+    assert sched_summary(one) == "daemons at the normal policy"

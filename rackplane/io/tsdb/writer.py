@@ -124,6 +124,7 @@ class TelemetryWriter:
         self._inflight: _InFlight | None = None
         self._send_lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._tick_end = asyncio.Event()
         self._stop = asyncio.Event()
         self._closing = False
         self._closed = False
@@ -430,12 +431,30 @@ class TelemetryWriter:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
 
+    def tick_ended(self) -> None:
+        """The daemon's control tick calls this as it ends: the writer's own work on the event
+        loop (appending to the spool, reading the next batch) runs right after it, in the
+        tick's shadow, rather than whenever its timers fall, where it could hold the next
+        tick up (a long append or batch read delays a tick that falls due meanwhile). Without
+        ticks the writer keeps its intervals: a line still waits at most
+        ``spool.append_interval_s``, a batch at most ``tsdb.flush_interval_s`` longer."""
+        self._tick_end.set()
+
+    async def _after_tick(self, timeout_s: float) -> None:
+        """Return right after the next tick end (`tick_ended`), or after ``timeout_s``, or
+        when closing starts."""
+        if timeout_s > 0 and not self._closing:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._tick_end.wait()
+        self._tick_end.clear()
+
     async def _spool_loop(self) -> None:
         loop = asyncio.get_running_loop()
         s = self._spool_settings
         next_fsync = loop.time() + s.fsync_interval_s
         while not self._closing:
-            await self._sleep(s.append_interval_s)
+            await self._after_tick(s.append_interval_s)
             if self._closing:
                 return
             try:
@@ -462,6 +481,12 @@ class TelemetryWriter:
                 if wait > 0:
                     await self._sleep(wait)
                     continue
+                if self._inflight is None and not self._backlog():
+                    # steady state: the batch is read in the next tick's shadow; a backlog
+                    # (after an outage) goes back to back, its catching up first
+                    await self._after_tick(self._tsdb.flush_interval_s)
+                    if self._closing:
+                        return
                 try:
                     async with self._send_lock:
                         if self._closing:
@@ -474,6 +499,10 @@ class TelemetryWriter:
                     continue
                 if kind == "empty":
                     break
+
+    def _backlog(self) -> bool:
+        """More than one batch waits in the spool."""
+        return self._spool is not None and self._spool.depth_lines > self._batch_limit
 
     def _has_data(self) -> bool:
         if self._inflight is not None:
@@ -619,6 +648,7 @@ class TelemetryWriter:
         self._closing = True
         self._stop.set()
         self._wake.set()
+        self._tick_end.set()
         try:
             self._flush_memory()
             await self._fsync(timeout_s=max(1.0, deadline - loop.time()))
