@@ -4,9 +4,9 @@ Each rack is one simulator process (`harness.benchkids.sim_child`: ``healthy-24h
 whole virtual rack with its CDU and 8 power shelves on the rack's own Modbus ports, its 18
 trays and their link ports published by the real tray agent in the same process, as in the
 demo: `harness.simagent`), one valvey and one racky (`harness.benchkids.daemon_child`: their
-console scripts' path, under the CPU scheduling their systemd units give them,
-`unit_scheduling`: round-robin real-time for the event loop; where the host refuses it, the
-figures say so), all on the suite's Mosquitto and VictoriaMetrics. An observer
+console scripts' path, under the CPU scheduling their systemd units with the shipped drop-ins
+give them, `unit_scheduling`: round-robin real-time for the event loop; where the host
+refuses it, the figures say so), all on the suite's Mosquitto and VictoriaMetrics. An observer
 (`harness.benchkids.row_watch`) hears the simulators' published clock and the daemons'
 self-metrics (``state/health``).
 
@@ -154,17 +154,22 @@ class RowRun:
 
 
 def unit_scheduling(daemon: str, units_dir: Path = UNITS_DIR) -> str:
-    """The CPU scheduling ``daemon``'s shipped unit (``<units_dir>/<daemon>.service``) gives
-    it, as `harness.benchkids.daemon_child` takes it: ``rr:N`` / ``fifo:N`` (a real-time
-    ``CPUSchedulingPolicy=`` with its ``CPUSchedulingPriority=``), else ``other``.
+    """The CPU scheduling ``daemon``'s shipped unit gives it, as systemd reads it: the unit
+    (``<units_dir>/<daemon>.service``) and then its drop-ins (``<daemon>.service.d/*.conf``
+    in name order, a later one overriding), in the form `harness.benchkids.daemon_child`
+    takes: ``rr:N`` / ``fifo:N`` (a real-time ``CPUSchedulingPolicy=`` with its
+    ``CPUSchedulingPriority=``), ``:reset`` appended with ``CPUSchedulingResetOnFork=yes``;
+    else ``other``.
 
     Raises:
-        OSError: the unit file cannot be read.
+        OSError: a file cannot be read.
         ValueError: a real-time policy without a priority in 1..99.
     """
     cp = configparser.ConfigParser(strict=False, interpolation=None)
     cp.optionxform = str  # type: ignore[assignment,method-assign]  # keys keep their case
     cp.read_string((units_dir / f"{daemon}.service").read_text())
+    for conf in sorted((units_dir / f"{daemon}.service.d").glob("*.conf")):
+        cp.read_string(conf.read_text())
     svc = cp["Service"] if cp.has_section("Service") else {}
     policy = svc.get("CPUSchedulingPolicy", "other").strip().lower()
     if policy not in ("rr", "fifo"):
@@ -173,24 +178,29 @@ def unit_scheduling(daemon: str, units_dir: Path = UNITS_DIR) -> str:
     if not prio.isdigit() or not 1 <= int(prio) <= 99:
         raise ValueError(f"{daemon}.service: CPUSchedulingPolicy={policy} needs "
                          f"CPUSchedulingPriority= in 1..99, got {prio!r}")
-    return f"{policy}:{prio}"
+    reset = svc.get("CPUSchedulingResetOnFork", "no").strip().lower() in ("yes", "true", "1",
+                                                                          "on")
+    return f"{policy}:{prio}" + (":reset" if reset else "")
 
 
 def sched_summary(run: RowRun | None) -> str:
-    """How the run's daemons were scheduled, in words."""
+    """How the run's daemons were scheduled, in words, per daemon kind."""
     if run is None or not run.sched:
         return "scheduling unknown"
-    kinds = sorted(set(run.sched.values()))
-    if all(k == "other" for k in kinds):
-        return "daemons at the normal policy"
-    refused = [k for k in kinds if k.startswith("not applied")]
-    if refused:
-        return "daemons at the normal policy: the units' real-time scheduling was refused (" \
-            + refused[0].removeprefix("not applied ") + ")"
-    per = {d: sorted({v for k, v in run.sched.items() if k.startswith(d + "@")})
-           for d in ("valvey", "racky")}
-    return "daemons under their units' scheduling (" + ", ".join(
-        f"{d} {'/'.join(v)}" for d, v in per.items() if v) + ", reset on fork)"
+    parts = []
+    for d in ("valvey", "racky"):
+        kinds = sorted({v for k, v in run.sched.items() if k.startswith(d + "@")})
+        if not kinds:
+            continue
+        refused = [k for k in kinds if k.startswith("not applied")]
+        if refused:
+            parts.append(f"{d} at the normal policy: its unit's real-time scheduling was "
+                         f"refused ({refused[0].removeprefix('not applied ')})")
+        elif kinds == ["other"]:
+            parts.append(f"{d} at the normal policy")
+        else:
+            parts.append(f"{d} {'/'.join(k.replace(':reset', ', reset on fork') for k in kinds)}")
+    return "daemons: " + "; ".join(parts)
 
 
 def window_lateness_ms(late_s: Sequence[float], tick_mono: Sequence[float], t0: float,
@@ -287,7 +297,9 @@ def row_figures(one: RowRun | None, row: RowRun | None,
         f"over MQTT (tick_late_last_s, sampled): p99 "
         f"{_fmt(pct(r.health_late_ms, 0.99) if r else None)} ms; 1 rack: {_fmt(worst(o))} ms; "
         f"{sched_summary(r)}; the same row at the normal policy: {_fmt(worst(normal))} ms"),
-        extra={"per_process_p99_ms": r.p99_ms() if r else {}}))
+        extra={"per_process_p99_ms": r.p99_ms() if r else {},
+               "sched": r.sched if r else {}, "normal_policy_sched": normal.sched
+               if normal else {}}))
     lost = r.samples_lost if r else None
     figs.append(Figure("bench.row.samples_lost", None if lost is None else float(lost), "lines",
                        0.0, "==", detail=(
@@ -503,7 +515,8 @@ def row_run(tmp: Path, srv: Servers, n_racks: int, warmup_s: float, window_s: fl
 
 def section_row(ctx: Context) -> list[Figure]:
     """1 rack, then `ROW_RACKS` racks, under the units' scheduling (windows of 10 and 20 s with
-    ``quick``, else 60 and 120 s), then the row again at the normal policy (20 / 60 s)."""
+    ``quick``, else 60 and 120 s), then the row again at the normal policy (its window as the
+    row's: the two p99 compare like with like)."""
     assert ctx.srv is not None
     quick = ctx.quick
     runs: dict[str, RowRun] = {}
@@ -512,7 +525,7 @@ def section_row(ctx: Context) -> list[Figure]:
     plan = (((1, 8.0, 10.0, True), (ROW_RACKS, 12.0, 20.0, True), (ROW_RACKS, 12.0, 20.0, False))
             if quick else
             ((1, 15.0, 60.0, True), (ROW_RACKS, 20.0, 120.0, True),
-             (ROW_RACKS, 20.0, 60.0, False)))
+             (ROW_RACKS, 20.0, 120.0, False)))
     for i, (n, warm, win, units) in enumerate(plan):
         label = f"{n} rack{'s' if n > 1 else ''}" + ("" if units else ", normal policy")
         try:

@@ -79,10 +79,13 @@ class RowMonitor:
             if len(self.latest_w) < len(self.racks):
                 return
             total = sum(self.latest_w.values())
-            self.row.append((now, total))
+            # a rack's simulator catching up runs past steps (their own, earlier times):
+            # the row's series stays in time order, stamped no earlier than its last entry
+            t = max(now, self.row[-1][0]) if self.row else now
+            self.row.append((t, total))
             self.max_w = max(self.max_w, total)
             if total > self.limit_w:
-                self.over.append((now, total, dict(self.latest_w)))
+                self.over.append((t, total, dict(self.latest_w)))
 
         return on_step
 

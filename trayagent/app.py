@@ -141,6 +141,7 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
         self.controls: dict[int, ControlResult] = {}
         self._control_state: dict[int, str | None] = {}
         self.published_total = 0
+        self._cycle_running: asyncio.Future[None] | None = None  # the read cycle's thread
         self.read_cpu_s = 0.0  # CPU time of the read cycles (worker threads), s
         self.limit_corrections = 0  # limits set again: not held, or superseded in flight
         self.read_timeouts_total = 0
@@ -528,6 +529,7 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
                     running.exception()  # a late cycle's error was logged when it timed out
                 targets, v = self._targets(list(self.gpus)), self.book.version
                 running = asyncio.ensure_future(asyncio.to_thread(self._cycle, targets, v))
+                self._cycle_running = running
                 done, _ = await asyncio.wait({running}, timeout=self.cfg.control.read_timeout_s)
                 if done:
                     fut, running = running, None
@@ -675,13 +677,24 @@ class TrayAgent(DaemonFrame[TrayAgentConfig]):
     async def quiesce(self) -> None:
         """The read, Xid and BMC loops stop before the link drains: a read cycle that ends
         during the stop publishes nothing the link would no longer send (a message counted
-        as published is one the broker got), and the sources close after their last use."""
+        as published is one the broker got). Each is waited for at most
+        ``control.read_timeout_s`` (one still running then stays in ``tasks``: the frame
+        cancels it again at the end), then a read cycle still running in its worker thread
+        (a thread cannot be cancelled) as long, so the sources close after their last use
+        unless a hung driver holds a cycle past it."""
         names = [n for n in self.tasks if n in ("read", "xid") or n.startswith("bmc:")]
-        tasks = [self.tasks[n] for n in names]
-        for name in names:
-            self.stop_task(name)
+        tasks = {n: self.tasks[n] for n in names}
+        for task in tasks.values():
+            task.cancel()
+        budget_s = self.cfg.control.read_timeout_s
         if tasks:
-            await asyncio.wait(tasks)
+            await asyncio.wait(tasks.values(), timeout=budget_s)
+        for name, task in tasks.items():  # those that ended; a straggler stays in `tasks`
+            if task.done():
+                self.tasks.pop(name, None)
+        cycle = self._cycle_running  # a read cycle's worker thread cannot be cancelled
+        if cycle is not None and not cycle.done():
+            await asyncio.wait([cycle], timeout=budget_s)
 
     async def stop_outputs(self) -> None:
         """The GPUs keep the limits in force (a stopped agent leaves them capped)."""

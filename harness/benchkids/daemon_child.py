@@ -3,11 +3,12 @@ counters the benchmarks need and the daemons do not publish, written as JSON at 
 
 Usage: ``python -m harness.benchkids.daemon_child racky|valvey CONFIG STATS_JSON [SCHED]``
 
-``SCHED``: the scheduling the daemon's systemd unit gives it, applied to this process before
-anything else (`harness.benchrow.unit_scheduling`): ``rr:PRIORITY`` or ``fifo:PRIORITY``
-(real-time, reset on fork: the worker threads the daemon starts run at the normal policy, as
-``CPUSchedulingResetOnFork=yes`` makes them), ``other`` or absent: the normal policy. Whether
-it was applied (it needs CAP_SYS_NICE) is written as ``sched`` in the stats.
+``SCHED``: the scheduling the daemon's systemd unit and its drop-ins give it, applied to this
+process before anything else (`harness.benchrow.unit_scheduling`): ``rr:PRIORITY`` or
+``fifo:PRIORITY`` (real-time), with ``:reset`` for reset on fork (the threads the daemon starts
+run at the normal policy, as ``CPUSchedulingResetOnFork=yes`` makes them); ``other`` or absent:
+the normal policy. Whether it was applied (it needs CAP_SYS_NICE) is written as ``sched`` in
+the stats.
 
 * racky: every tray payload handed to ``TelemetryIngest.tray_payload`` is counted (first and
   last monotonic time), so the benchmark can compare what it published with what racky parsed.
@@ -127,21 +128,23 @@ def _watch_slow_callbacks(stats: dict[str, Any], min_s: float) -> None:
 
 
 def apply_scheduling(spec: str) -> str:
-    """Put this process under ``spec`` (module docstring); returns what was done, for the
-    stats: ``"rr:20"``, ``"other"``, or ``"not applied (rr:20): <why>"``.
+    """Put this process under ``spec`` (module docstring): ``other``, or ``rr:N`` /
+    ``fifo:N`` with ``:reset`` for reset on fork; returns what was done, for the stats: the
+    spec, or ``"not applied (<spec>): <why>"``.
 
     Raises:
-        ValueError: ``spec`` is not ``other``, ``rr:N`` or ``fifo:N``.
+        ValueError: ``spec`` is none of those.
     """
     if spec in ("", "other"):
         return "other"
-    kind, _, prio = spec.partition(":")
+    kind, _, rest = spec.partition(":")
+    prio, _, flag = rest.partition(":")
     policies = {"rr": os.SCHED_RR, "fifo": os.SCHED_FIFO}
-    if kind not in policies or not prio.isdigit():
-        raise ValueError(f"scheduling {spec!r}: expected other, rr:N or fifo:N")
+    if kind not in policies or not prio.isdigit() or flag not in ("", "reset"):
+        raise ValueError(f"scheduling {spec!r}: expected other, rr:N[:reset] or fifo:N[:reset]")
+    policy = policies[kind] | (os.SCHED_RESET_ON_FORK if flag else 0)
     try:
-        os.sched_setscheduler(0, policies[kind] | os.SCHED_RESET_ON_FORK,
-                              os.sched_param(int(prio)))
+        os.sched_setscheduler(0, policy, os.sched_param(int(prio)))
     except OSError as err:  # no CAP_SYS_NICE (not root, or a container without it)
         return f"not applied ({spec}): {err.strerror or err}"
     return spec

@@ -25,6 +25,7 @@ import contextlib
 import gc
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,7 +35,8 @@ import sdnotify
 from rackplane.clock import Clock
 from rackplane.log import get_logger
 
-__all__ = ["Daemon", "Notifier", "TickStats", "run_daemon", "run_ticker", "supervised"]
+__all__ = ["GIL_SWITCH_INTERVAL_S", "Daemon", "Notifier", "TickStats", "run_daemon", "run_ticker",
+           "supervised"]
 
 
 class Notifier:
@@ -243,6 +245,11 @@ class Daemon(Protocol):
     def reload(self) -> None: ...
 
 
+GIL_SWITCH_INTERVAL_S = 0.001
+"""The thread switch interval a daemon runs with (`sys.setswitchinterval`), s: how long the
+event loop's thread may wait for the GIL a worker thread holds (Python's default: 0.005)."""
+
+
 async def run_daemon(daemon: Daemon, name: str, *, freeze_gc: bool = True) -> int:
     """Run ``daemon`` until SIGTERM/SIGINT; SIGHUP calls ``daemon.reload()``; the daemon's
     ``selfmetrics`` endpoint, if it has one, is started before and stopped after ``run``.
@@ -252,6 +259,11 @@ async def run_daemon(daemon: Daemon, name: str, *, freeze_gc: bool = True) -> in
     permanent generation (`gc.freeze`) for as long as ``run`` runs, so a full collection
     during a command burst no longer stalls the control tick (FIELD-CASES BR-24 d: loop lag
     < 100 ms).
+
+    The interpreter's thread switch interval is `GIL_SWITCH_INTERVAL_S` while ``run`` runs
+    (restored after): a control tick that falls due while a worker thread (a TSDB send, an
+    fsync, a Modbus or NVML call in ``to_thread``) holds the GIL waits for it at most about
+    that long, not Python's default 5 ms.
 
     Returns the process exit code (0 after a clean stop).
     """
@@ -287,9 +299,12 @@ async def run_daemon(daemon: Daemon, name: str, *, freeze_gc: bool = True) -> in
         # objects, ~2 ms). Unfrozen again on the way out for in-process callers (tests).
         gc.collect()
         gc.freeze()
+    switch_s = sys.getswitchinterval()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         await daemon.run(stop)
     finally:
+        sys.setswitchinterval(switch_s)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         if metrics is not None:
@@ -305,10 +320,13 @@ def supervised(
     """Wrap an owner task so an unexpected exception is logged and the task restarted.
 
     Owner tasks are written never to raise; this is the last line of defence (a bulkhead:
-    one failing adapter never takes the control tick down with it).
+    one failing adapter never takes the control tick down with it). A task being cancelled
+    is never restarted, even when its clean-up raised something else on the way out (the
+    error is logged; the cancellation goes on).
     """
 
     async def runner() -> None:
+        task = asyncio.current_task()
         while True:
             try:
                 await coro_fn()
@@ -316,6 +334,10 @@ def supervised(
             except asyncio.CancelledError:
                 raise
             except Exception as err:
+                if task is not None and task.cancelling():
+                    log.error("task_failed_while_cancelled", task=name, error=repr(err),
+                              exc_info=True)
+                    raise asyncio.CancelledError() from err
                 log.error("task_crashed_restarting", task=name, error=repr(err), exc_info=True)
                 await asyncio.sleep(restart_delay_s)
 

@@ -145,9 +145,9 @@ def test_row_run_of_two_racks_measures_every_process(tmp_path: Path) -> None:
 def test_the_bench_runs_the_daemons_under_their_shipped_units_scheduling(tmp_path: Path) -> None:
     from harness.benchrow import unit_scheduling
 
-    # the shipped units: both real-time round-robin, cooling above power
+    # the shipped units with their drop-ins: real-time round-robin, cooling above power
     v, r = unit_scheduling("valvey"), unit_scheduling("racky")
-    assert v.startswith("rr:") and r.startswith("rr:")
+    assert v.startswith("rr:") and r.startswith("rr:") and v.endswith(":reset")
     assert int(v.split(":")[1]) > int(r.split(":")[1])
     (tmp_path / "plain.service").write_text("[Service]\nExecStart=/bin/true\n")
     assert unit_scheduling("plain", tmp_path) == "other"
@@ -155,6 +155,14 @@ def test_the_bench_runs_the_daemons_under_their_shipped_units_scheduling(tmp_pat
         "[Service]\nCPUSchedulingPolicy=FIFO\nCPUSchedulingPriority=7\nExecStart=/bin/true\n"
         "ExecStart=/bin/false\n")  # a key twice, as units may have
     assert unit_scheduling("fifo", tmp_path) == "fifo:7"
+    # a drop-in overrides the unit, a later one the earlier (name order, as systemd)
+    (tmp_path / "fifo.service.d").mkdir()
+    (tmp_path / "fifo.service.d" / "20-b.conf").write_text("[Service]\nCPUSchedulingPolicy=other\n")
+    (tmp_path / "fifo.service.d" / "10-a.conf").write_text(
+        "[Service]\nCPUSchedulingPolicy=rr\nCPUSchedulingResetOnFork=yes\n")
+    assert unit_scheduling("fifo", tmp_path) == "other"
+    (tmp_path / "fifo.service.d" / "20-b.conf").unlink()
+    assert unit_scheduling("fifo", tmp_path) == "rr:7:reset"
     (tmp_path / "bad.service").write_text("[Service]\nCPUSchedulingPolicy=rr\n")
     with pytest.raises(ValueError, match="CPUSchedulingPriority"):
         unit_scheduling("bad", tmp_path)
@@ -165,14 +173,18 @@ def test_a_refused_or_bad_scheduling_is_said_not_hidden() -> None:
     from harness.benchrow import sched_summary
 
     assert apply_scheduling("other") == "other"
-    with pytest.raises(ValueError):
-        apply_scheduling("rr:high")
+    for bad in ("rr:high", "rr:5:sometimes", "idle:3"):
+        with pytest.raises(ValueError):
+            apply_scheduling(bad)
     one = _run(1)
-    one.sched = {"valvey@a": "not applied (rr:20): Operation not permitted",
-                 "racky@a": "not applied (rr:10): Operation not permitted"}
-    assert "refused" in sched_summary(one) and "Operation not permitted" in sched_summary(one)
-    one.sched = {"valvey@a": "rr:20", "racky@a": "rr:10"}
-    assert sched_summary(one) == ("daemons under their units' scheduling (valvey rr:20, "
-                                  "racky rr:10, reset on fork)")
+    one.sched = {"valvey@a": "not applied (rr:20:reset): Operation not permitted",
+                 "racky@a": "rr:10:reset"}  # e.g. an RLIMIT_RTPRIO between the two
+    assert sched_summary(one) == (
+        "daemons: valvey at the normal policy: its unit's real-time scheduling was refused "
+        "((rr:20:reset): Operation not permitted); racky rr:10, reset on fork")
+    one.sched = {"valvey@a": "rr:20:reset", "racky@a": "rr:10:reset"}
+    assert sched_summary(one) == ("daemons: valvey rr:20, reset on fork; "
+                                  "racky rr:10, reset on fork")
     one.sched = {"valvey@a": "other", "racky@a": "other"}
-    assert sched_summary(one) == "daemons at the normal policy"
+    assert sched_summary(one) == ("daemons: valvey at the normal policy; "
+                                  "racky at the normal policy")

@@ -92,3 +92,18 @@ def test_a_backlog_past_the_bound_is_dropped_and_counted_not_replayed() -> None:
     lag_s = (t + SIM_DT_S) - sim.run_.t_s
     assert lag_s == pytest.approx(sim.steps_dropped * SIM_DT_S, abs=1e-6)
     assert sim.steps_run + sim.steps_dropped == round(t / SIM_DT_S) + 1
+
+
+def test_ticks_a_little_early_on_the_step_grid_still_step_once_each() -> None:
+    """The ticker keeps its schedule by adding the period, which drifts from t0 + k dt by
+    float rounding (a fraction of a ms after a day on a clock of weeks): a tick that early,
+    or that late, runs its one step, never 0 then 2."""
+    sim, _ = _sim()
+    t0 = 5.0e6  # a monotonic clock of ~58 days
+    counts = []
+    for k in range(50):
+        drift = -0.0004 if k % 2 else 0.0004  # either side of the grid
+        before = sim.steps_run
+        _tick(sim, t0 + k * SIM_DT_S + (drift if k else 0.0))
+        counts.append(sim.steps_run - before)
+    assert counts == [1] * 50

@@ -87,3 +87,10 @@ def test_template_exposure_same_as_single(daemon: str, tmp_path: Path) -> None:
                            .replace(f"/opt/rackplane/bin/{daemon} ", f"{exe} "))
     assert pair <= 2.0
     assert pair == exposure(single_unit)
+
+
+@pytest.mark.parametrize("daemon", DAEMONS)
+def test_template_has_the_same_real_time_drop_in(daemon: str) -> None:
+    single = UNITS / f"{daemon}.service.d" / "10-realtime.conf"
+    pair = UNITS / f"{daemon}@.service.d" / "10-realtime.conf"
+    assert pair.read_text() == single.read_text()

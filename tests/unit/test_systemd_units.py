@@ -49,6 +49,9 @@ def _local_copy(unit: str, tmp_path: Path) -> Path:
     assert f"/opt/rackplane/bin/{unit} " in text
     dst = tmp_path / f"{unit}.service"
     dst.write_text(text.replace(f"/opt/rackplane/bin/{unit} ", f"{exe} "))
+    dropins = UNITS / f"{unit}.service.d"
+    if dropins.is_dir():  # verified with the unit, as systemd loads them (next to the file)
+        shutil.copytree(dropins, tmp_path / dropins.name)
     return dst
 
 
@@ -126,3 +129,30 @@ def test_relative_spool_goes_to_state_directory(
     monkeypatch.delenv("STATE_DIRECTORY")
     s = SpoolSettings.model_validate({"directory": "spool"}, context={"base_dir": "/etc/x"})
     assert s.directory == Path("/etc/x/spool")
+
+
+@pytest.mark.parametrize("unit", DAEMONS)
+def test_real_time_scheduling_is_a_drop_in_with_cooling_first(unit: str) -> None:
+    """Real-time scheduling is not in the unit itself (a kernel that refuses it would fail
+    every start of the cooling controller): it is the shipped drop-in an installer adds where
+    `chrt` shows it is allowed; valvey's priority above racky's; the daemons' threads reset."""
+    from harness.benchrow import unit_scheduling
+
+    assert "CPUSchedulingPolicy" not in _directives(unit)
+    conf = (UNITS / f"{unit}.service.d" / "10-realtime.conf").read_text()
+    assert "CPUSchedulingResetOnFork=yes" in conf
+    assert unit_scheduling(unit).endswith(":reset")
+    v, r = unit_scheduling("valvey").split(":"), unit_scheduling("racky").split(":")
+    assert v[0] == r[0] == "rr" and int(v[1]) > int(r[1])
+
+
+@needs_analyze
+def test_a_bad_drop_in_is_caught_by_verify(tmp_path: Path) -> None:
+    """The drop-in is really verified with its unit: a bad key in it is reported."""
+    assert ANALYZE is not None
+    dst = _local_copy("valvey", tmp_path)
+    (tmp_path / "valvey.service.d" / "10-realtime.conf").write_text(
+        "[Service]\nCPUSchedulingPolicy=bogus\n")
+    res = subprocess.run([ANALYZE, "verify", "--man=no", str(dst)],
+                         capture_output=True, text=True, timeout=60)
+    assert "10-realtime.conf" in res.stdout + res.stderr

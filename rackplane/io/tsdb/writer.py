@@ -432,12 +432,14 @@ class TelemetryWriter:
             await asyncio.wait_for(self._stop.wait(), seconds)
 
     def tick_ended(self) -> None:
-        """The daemon's control tick calls this as it ends: the writer's own work on the event
-        loop (appending to the spool, reading the next batch) runs right after it, in the
-        tick's shadow, rather than whenever its timers fall, where it could hold the next
-        tick up (a long append or batch read delays a tick that falls due meanwhile). Without
-        ticks the writer keeps its intervals: a line still waits at most
-        ``spool.append_interval_s``, a batch at most ``tsdb.flush_interval_s`` longer."""
+        """The daemon's control tick calls this as it ends: the lines the tick wrote are
+        appended to the spool right after it, and the next steady-state batch is read then,
+        in the tick's shadow, rather than whenever the writer's timers fall, where a long
+        append or batch read could hold up a tick falling due meanwhile. Lines written
+        between ticks (a daemon whose tick is slower than ``spool.append_interval_s``, such
+        as racky's 1 s) are still appended on the interval; they are few. The bounds keep: a
+        line waits at most ``spool.append_interval_s``, a batch at most
+        ``tsdb.flush_interval_s`` longer; a backlog drains back to back."""
         self._tick_end.set()
 
     async def _after_tick(self, timeout_s: float) -> None:
@@ -501,8 +503,12 @@ class TelemetryWriter:
                     break
 
     def _backlog(self) -> bool:
-        """More than one batch waits in the spool."""
-        return self._spool is not None and self._spool.depth_lines > self._batch_limit
+        """More than one batch waits: in the spool, or in memory while the spool cannot be
+        used (those are sent from memory)."""
+        if self._spool is not None and self._spool.depth_lines > self._batch_limit:
+            return True
+        return (self._spool is None or self._spool_failing) and \
+            len(self._pending) > self._batch_limit
 
     def _has_data(self) -> bool:
         if self._inflight is not None:
