@@ -22,11 +22,13 @@ from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
+from rackplane.config_errors import ProblemList, format_validation_error
 from rackplane.errors import ConfigError
 from rackplane.paths import is_in_state_directory
 
 __all__ = [
     "EXAMPLE_VALUES_HOOK",
+    "REQUIRED_CHECKED",
     "UNSET",
     "M",
     "RequiredCheck",
@@ -44,6 +46,15 @@ __all__ = [
     "toml_value",
     "validate_data",
 ]
+
+
+def _toml_type(value: Any) -> str:
+    """The TOML name of ``value``'s type (what the file holds), for error messages."""
+    for t, name in ((bool, "boolean"), (str, "string"), (int, "integer"), (float, "float"),
+                    (list, "array"), (dict, "table")):
+        if isinstance(value, t):
+            return name
+    return type(value).__name__
 
 
 def _strict_problem(annotation: Any, value: Any) -> str | None:
@@ -73,12 +84,12 @@ def _strict_problem(annotation: Any, value: Any) -> str | None:
                 return f"item {i}: {problem}"
         return None
     if annotation is bool and not isinstance(value, bool):
-        return f"must be a boolean (true/false), not {type(value).__name__} {value!r}"
+        return f"must be a boolean (true/false), not a {_toml_type(value)}"
     if annotation in (int, float) and isinstance(value, bool | str):
-        return f"must be a number, not {type(value).__name__} {value!r}"
+        return f"must be a number, not a {_toml_type(value)}"
     if annotation is float and isinstance(value, float) and not math.isfinite(value):
         # TOML has inf and nan: a delay of inf disables what it delays, a nan compares false
-        return f"must be a finite number, not {value!r}"
+        return "must be a finite number"
     return None
 
 
@@ -117,7 +128,7 @@ class StrictModel(BaseModel):
             if v == UNSET:
                 if _admits_none(field.annotation):
                     return None
-                raise ValueError(f"{UNSET!r} switches off optional keys only; this key is "
+                raise ValueError("switches off optional keys only; this key is "
                                  "required: give it a value")
             problem = _strict_problem(field.annotation, v)
             if problem:
@@ -126,61 +137,6 @@ class StrictModel(BaseModel):
 
 
 M = TypeVar("M", bound=BaseModel)
-
-
-_RANGE_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than",
-                           "less_than_equal"})
-
-
-def _field_range(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str | None:
-    """The allowed range of the field at ``loc`` in ``model`` (nested models followed), as
-    ``[lo, hi]`` with ``(`` / ``)`` for open ends and ∞ for none; None when it has no bounds
-    or ``loc`` is not a field path."""
-    m: Any = model
-    info = None
-    for part in loc:
-        if not (isinstance(m, type) and issubclass(m, BaseModel)) or not isinstance(part, str):
-            return None
-        info = m.model_fields.get(part)
-        if info is None:
-            return None
-        m = info.annotation
-    if info is None:
-        return None
-    lo, hi, lo_open, hi_open = -math.inf, math.inf, True, True
-    for c in info.metadata:
-        for attr, is_lo, is_open in (("ge", True, False), ("gt", True, True),
-                                     ("le", False, False), ("lt", False, True)):
-            v = getattr(c, attr, None)
-            if isinstance(v, int | float):
-                if is_lo:
-                    lo, lo_open = float(v), is_open
-                else:
-                    hi, hi_open = float(v), is_open
-    if lo == -math.inf and hi == math.inf:
-        return None
-    def num(x: float) -> str:
-        return "∞" if x == math.inf else "-∞" if x == -math.inf else f"{x:g}"
-    return f"{'(' if lo_open else '['}{num(lo)}, {num(hi)}{')' if hi_open else ']'}"
-
-
-def format_validation_error(err: ValidationError, source: str,
-                            model: type[BaseModel] | None = None) -> list[str]:
-    """One line per problem: ``<source>: <key.path[3].sub>: <message> (got <input>)``; a value
-    outside its bounds also names the field's whole range (``got 50, allowed [0, 20]``) when
-    ``model`` is given."""
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in e["loc"])
-        loc = loc.replace(".[", "[") or "<root>"
-        got = e.get("input")
-        shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
-        if shown and e["type"] in _RANGE_ERRORS:
-            allowed = _field_range(model, tuple(e["loc"]))
-            if allowed is not None:
-                shown = f" (got {got!r}, allowed {allowed})"
-        lines.append(f"{source}: {loc}: {e['msg']}{shown}")
-    return lines
 
 
 def validate_data(
@@ -227,6 +183,11 @@ RequiredCheck = Callable[[Mapping[str, Any]], list[str]]
 """What a daemon cannot run without, judged on the config file's own keys (never on the
 models' defaults): raw TOML mapping -> problems (``<key path>: why``; empty: all there)."""
 
+REQUIRED_CHECKED = "required_checked"
+"""Validation context key (`load_config`): true when a `RequiredCheck` judged the file, so a
+model's own check of the same (a ``mode="before"`` validator, which would stop every other
+error being reported) may leave it to that check."""
+
 
 def _has(data: Mapping[str, Any], path: str) -> bool:
     node: Any = data
@@ -253,12 +214,21 @@ def identity_required(daemon: str) -> dict[str, str]:
 
 
 def load_config(model: type[M], path: str | os.PathLike[str] | None,
-                required: RequiredCheck | None = None, example: str | None = None) -> M:
+                required: RequiredCheck | None = None, example: str | None = None,
+                problems: ProblemList | None = None) -> M:
     """Load ``path`` (TOML) into ``model``; ``None`` gives the embedded defaults.
 
-    ``required`` (`RequiredCheck`) judges the file's own keys first: what a daemon cannot do
-    its job without (its identity, its inputs) must be written, not taken from a default;
-    ``example`` (a path such as ``config/racky.example.toml``) is named in that error.
+    ``required`` (`RequiredCheck`) judges the file's own keys: what a daemon cannot do its job
+    without (its identity, its inputs) must be written, not taken from a default; ``example``
+    (a path such as ``config/racky.example.toml``) is named in the error. Every problem comes
+    in one error, one line each, sorted by key path (`rackplane.config_errors`): the missing
+    parts with the schema's errors (types, ranges, unknown keys, the models' checks). While
+    the schema has errors, the checks that need a valid model (those across sections, a
+    daemon's checks of a loaded config) cannot run: the error's last line says so.
+
+    ``problems`` (a daemon's loader, which checks the loaded config further): when the model
+    validates, the missing parts are added to it (and its ``source`` and ``example`` set) and
+    the model returned; the loader raises them with its own (`ProblemList.raise_if_any`).
 
     Raises:
         ConfigError: file missing or unreadable, invalid TOML, a required part missing, or any
@@ -268,18 +238,25 @@ def load_config(model: type[M], path: str | os.PathLike[str] | None,
     source = "<embedded defaults>" if path is None else str(path)
     base_dir = None if path is None else Path(path).parent
     missing = required(data) if required is not None else []
-    if not missing:
-        return validate_data(model, data, source, base_dir=base_dir)
-    lines = [f"{source}: {m}" for m in missing]
-    see = f" (every key with an example: {example})" if example else ""
-    msg = (f"incomplete configuration in {source}{see}; the daemon cannot do its job "
-           "without:\n  " + "\n  ".join(lines))
-    try:  # every problem at once: the file's other errors too
-        validate_data(model, data, source, base_dir=base_dir)
-    except ConfigError as err:
-        lines += err.problems
-        msg += "\n" + str(err)
-    raise ConfigError(msg, path=source, problems=lines)
+    context = {"base_dir": base_dir, REQUIRED_CHECKED: required is not None}
+    try:
+        cfg = model.model_validate(data, context=context)
+    except ValidationError as err:
+        explained = [m.split(": ", 1)[0] for m in missing]
+        invalid = [p.removeprefix(f"{source}: ")
+                   for p in format_validation_error(err, source, model, explained)]
+        across = "" if any(e["loc"] == () for e in err.errors()) else \
+            "the checks across sections, "
+        note = (f"(not checked until the errors above are fixed: {across}the daemon's checks "
+                "of the loaded config, e.g. register maps, environment variables, folders)")
+        ProblemList(source, example, missing + invalid).raise_if_any(note)
+        raise  # not reached: raise_if_any raised
+    out = problems if problems is not None else ProblemList()
+    out.source, out.example = source, example
+    out.lines += missing
+    if problems is None:
+        out.raise_if_any()
+    return cfg
 
 
 def check_environment(checks: dict[str, str | None]) -> None:

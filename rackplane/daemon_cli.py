@@ -2,7 +2,8 @@
 
 Flags: ``--config/-c FILE`` (default: embedded defaults, which every daemon refuses: they name
 no identity and no inputs, `rackplane.config.load_config`'s ``required``), ``--check-config``
-(validate, print one summary line, exit 0; 2 when invalid), ``--dry-connect`` (the daemon's
+(validate, print one summary line, exit 0; 2 when invalid, every problem named at once, one a
+line; ``--check-config FILE`` is ``--config FILE --check-config``), ``--dry-connect`` (the daemon's
 one-shot device read, exit 0 or 1), ``--print-default-config`` (every key with its default,
 as TOML), ``--log-level`` and ``--log-format`` (default: the config's ``[log]``). Without any
 of them the daemon runs (`rackplane.io.service.run_daemon`) until SIGTERM. Exit codes: 0 ok,
@@ -76,6 +77,25 @@ class DaemonCli(Generic[L]):
     warnings: Callable[[L], list[str]] | None = None
 
 
+def _config_file(config: Path | None, file: Path | None, check_config: bool) -> Path | None:
+    """The config file: ``--config FILE``, or a bare FILE after ``--check-config``
+    (``valvey --check-config FILE``).
+
+    Raises:
+        typer.BadParameter: a bare FILE without ``--check-config`` (the daemon takes its file
+            by ``--config``), or one that differs from ``--config``'s (exit 2, usage error).
+    """
+    if file is None:
+        return config
+    if not check_config:
+        raise typer.BadParameter(f"{file}: give the config file as --config {file} (a bare FILE "
+                                 "is accepted after --check-config only)", param_hint="FILE")
+    if config is not None and config != file:
+        raise typer.BadParameter(f"two config files: --config {config} and {file}",
+                                 param_hint="FILE")
+    return file
+
+
 def daemon_app(spec: DaemonCli[L]) -> typer.Typer:
     """The typer application of a daemon (see the module docstring)."""
     kw: dict[str, Any] = {}
@@ -84,6 +104,11 @@ def daemon_app(spec: DaemonCli[L]) -> typer.Typer:
     app = typer_app(help=spec.app_help, **kw)
 
     def command(
+        file: Annotated[
+            Path | None,
+            typer.Argument(metavar="FILE", show_default=False,
+                           help="with --check-config: the file to check (as --config FILE)"),
+        ] = None,
         config: Annotated[
             Path | None,
             typer.Option("--config", "-c", help="TOML config file (default: embedded defaults)"),
@@ -106,6 +131,7 @@ def daemon_app(spec: DaemonCli[L]) -> typer.Typer:
                                 f"{spec.name} configuration ({spec.name} --config FILE)")
             typer.echo(text, nl=False)
             raise typer.Exit(EXIT_OK)
+        config = _config_file(config, file, check_config)
         try:
             loaded = spec.load(config)
         except ConfigError as err:

@@ -47,6 +47,7 @@ from rackplane.config import (
     load_config,
     require_keys,
 )
+from rackplane.config_errors import ProblemList
 from rackplane.core.alarms import AlarmEvent
 from rackplane.core.budget_leases import PairTag
 from rackplane.core.envelope import alarm_payload
@@ -124,10 +125,10 @@ def load_racky_config(path: str | os.PathLike[str] | None) -> RackyConfig:
     Raises:
         ConfigError: with the key path named.
     """
+    problems = ProblemList()  # every problem at once (rackplane.config_errors)
     cfg = load_config(RackyConfig, path,
                       required=lambda d: require_keys(d, identity_required("racky")),
-                      example="config/racky.example.toml")
-    problems: list[str] = []
+                      example="config/racky.example.toml", problems=problems)
     targets = [(f"power_shelves[{i}]", s.register_map) for i, s in enumerate(cfg.power_shelves)]
     if cfg.discovery.enabled:
         targets.append(("discovery", cfg.discovery.register_map))
@@ -135,30 +136,33 @@ def load_racky_config(path: str | os.PathLike[str] | None) -> RackyConfig:
         try:
             regmap = load_register_map(rm)
         except ConfigError as err:
-            problems.append(f"{key}.register_map: {err}")
+            problems.add(f"{key}.register_map: {err}")
             continue
-        problems += _check_shelf_points(key, regmap, cfg.shelf_points)
+        problems.lines += _check_shelf_points(key, regmap, cfg.shelf_points)
     if cfg.mqtt.tls is not None:
         for k in ("ca_file", "cert_file", "key_file"):
             f = getattr(cfg.mqtt.tls, k)
             if f is not None and not Path(f).is_file():
-                problems.append(f"mqtt.tls.{k}: {f} is not a readable file")
+                problems.add(f"mqtt.tls.{k}: {f} is not a readable file")
     if cfg.cooling.plant_topic is not None:
         try:
             validate_topic(cfg.cooling.plant_topic)
         except ValueError as err:
-            problems.append(f"cooling.plant_topic: {err}")
-    if problems:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems),
-                          problems=problems)
-    check_environment({**environment_checks(cfg.mqtt, cfg.tsdb),
-                       **cfg.leadership.environment_checks(),
-                       **(cfg.fleet.password_env_check("fleet") if cfg.fleet.enabled else {})})
+            problems.add(f"cooling.plant_topic: {err}")
+    with problems.check():
+        check_environment({**environment_checks(cfg.mqtt, cfg.tsdb),
+                           **cfg.leadership.environment_checks(),
+                           **(cfg.fleet.password_env_check("fleet") if cfg.fleet.enabled
+                              else {})})
     spool_dir = spool_folder(cfg.spool, daemon="racky", identity=cfg.identity)
-    check_writable_dir("spool.directory", spool_dir)
-    check_spool_config("spool.directory", spool_dir)
-    check_writable_dir("lifecycle.state_file", lifecycle_state_file(cfg).parent)
-    check_writable_dir("validation.report_dir", state_path(cfg.validation.report_dir))
+    with problems.check():
+        check_writable_dir("spool.directory", spool_dir)
+        check_spool_config("spool.directory", spool_dir)
+    with problems.check():
+        check_writable_dir("lifecycle.state_file", lifecycle_state_file(cfg).parent)
+    with problems.check():
+        check_writable_dir("validation.report_dir", state_path(cfg.validation.report_dir))
+    problems.raise_if_any()
     return cfg
 
 

@@ -48,6 +48,7 @@ from datetime import UTC, datetime
 from typing import Any, Unpack
 
 from rackplane.config import check_environment, check_writable_dir, load_config
+from rackplane.config_errors import ProblemList
 from rackplane.core.budget_leases import budget_key, rack_key
 from rackplane.core.topics import Message
 from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask
@@ -55,7 +56,7 @@ from rackplane.io.nats.errors import KvConflict, KvUnknown
 from rackplane.settings import environment_checks, spool_folder
 from rlc.campaign_driver import CampaignDriver, Order, campaign_key
 from rlc.commands import register_rlc_commands
-from rlc.config import RlcConfig
+from rlc.config import EXAMPLE_CONFIG, RlcConfig, required_parts
 from rlc.core.cycle import BudgetWrite, FleetState
 from rlc.core.topology import compile_topology
 from rlc.telemetry import fleet_lines
@@ -72,12 +73,17 @@ def load_rlc_config(path: str | os.PathLike[str] | None) -> RlcConfig:
     Raises:
         ConfigError: with the key path named.
     """
-    cfg = load_config(RlcConfig, path)
-    check_environment({**environment_checks(cfg.mqtt, cfg.tsdb),
-                       **cfg.leadership.environment_checks(),
-                       **cfg.fleet.password_env_check("fleet")})
-    check_writable_dir("spool.directory", spool_folder(cfg.spool, daemon=DAEMON,
-                                                       identity=cfg.identity))
+    problems = ProblemList()  # every problem at once (rackplane.config_errors)
+    cfg = load_config(RlcConfig, path, required=required_parts, example=EXAMPLE_CONFIG,
+                      problems=problems)
+    with problems.check():
+        check_environment({**environment_checks(cfg.mqtt, cfg.tsdb),
+                           **cfg.leadership.environment_checks(),
+                           **cfg.fleet.password_env_check("fleet")})
+    with problems.check():
+        check_writable_dir("spool.directory", spool_folder(cfg.spool, daemon=DAEMON,
+                                                           identity=cfg.identity))
+    problems.raise_if_any()
     return cfg
 
 

@@ -6,11 +6,12 @@ settings, the fleet KV bucket (``[fleet]``) and ``[leadership]`` (2–3 replicas
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
-from rackplane.config import StrictModel
+from rackplane.config import REQUIRED_CHECKED, StrictModel
 from rackplane.core.budget_leases import DEFAULT_RACK_FLOOR_W
 from rackplane.core.tray_contract import RACKY_CAP_TTL_S
 from rackplane.leadership_settings import LeadershipSettings, NatsKvSettings
@@ -21,7 +22,7 @@ from rlc.core.leases import LeaseTiming
 from rlc.core.topology import TopologySettings
 
 __all__ = ["EXAMPLE_CONFIG", "CampaignSettings", "FleetKvSettings", "RlcConfig", "RlcControl",
-           "example_topology"]
+           "example_topology", "required_parts"]
 
 
 class RlcControl(StrictModel):
@@ -113,6 +114,13 @@ def example_topology() -> TopologySettings:
             "racks": {"rack1": rack, "rack2": dict(rack)}}}}}})
 
 
+def required_parts(data: Mapping[str, Any]) -> list[str]:
+    """What rlc cannot run without, judged on the file's own keys
+    (`rackplane.config.RequiredCheck`): its ``[topology]`` with halls (`_no_topology`)."""
+    why = _no_topology(dict(data))
+    return [] if why is None else [f"topology: {why}"]
+
+
 def _no_topology(data: object) -> str | None:
     """Why ``data`` (the raw config mapping) gives rlc no topology to budget, or None."""
     if not isinstance(data, dict):
@@ -159,7 +167,9 @@ class RlcConfig(DaemonSettings):
 
     @model_validator(mode="before")
     @classmethod
-    def _topology_required(cls, data: Any) -> Any:
+    def _topology_required(cls, data: Any, info: ValidationInfo) -> Any:
+        if info.context and info.context.get(REQUIRED_CHECKED):
+            return data  # `required_parts` said it, beside every other problem of the file
         why = _no_topology(data)
         if why is not None:
             raise ValueError(why)

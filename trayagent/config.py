@@ -26,12 +26,12 @@ from rackplane.config import (
     load_config,
     require_keys,
 )
+from rackplane.config_errors import ProblemList
 from rackplane.core.tray_contract import (
     AGENT_GPU_MAX_POWER_LIMIT_W,
     AGENT_SAFE_GPU_CAP_W,
     GPU_POWER_LIMIT_PLAUSIBLE_MAX_W,
 )
-from rackplane.errors import ConfigError
 from rackplane.paths import in_state_directory
 from rackplane.settings import CommandSettings, DaemonSettings, TopicLevel, environment_checks
 
@@ -359,13 +359,17 @@ def load_tray_agent_config(path: str | os.PathLike[str] | None) -> TrayAgentConf
     Raises:
         ConfigError: naming the key path.
     """
+    problems = ProblemList()  # every problem at once (rackplane.config_errors)
     cfg = load_config(TrayAgentConfig, path, required=required_parts,
-                      example="config/tray-agent.example.toml")
+                      example="config/tray-agent.example.toml", problems=problems)
     if (why := _no_source(cfg)) is not None:
-        raise ConfigError(f"invalid configuration:\n  {why}", problems=[why])
-    check_state_file_dir("caps.epoch_file", in_state_directory(cfg.caps.epoch_file))
-    check_environment({
-        **environment_checks(cfg.mqtt, cfg.tsdb),
-        **{f"agents.trays[{i}].bmc.password_env": t.bmc.password_env
-           for i, t in enumerate(cfg.agents.trays) if t.bmc is not None}})
+        problems.add(why)
+    with problems.check():
+        check_state_file_dir("caps.epoch_file", in_state_directory(cfg.caps.epoch_file))
+    with problems.check():
+        check_environment({
+            **environment_checks(cfg.mqtt, cfg.tsdb),
+            **{f"agents.trays[{i}].bmc.password_env": t.bmc.password_env
+               for i, t in enumerate(cfg.agents.trays) if t.bmc is not None}})
+    problems.raise_if_any()
     return cfg

@@ -31,12 +31,13 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from rackplane.config import check_environment, check_writable_dir, load_config
+from rackplane.config_errors import ProblemList
 from rackplane.core.alarms import AlarmEvent
 from rackplane.core.envelope import alarm_payload
 from rackplane.core.registers import RegisterMap, load_register_map
 from rackplane.core.samples import Sample
 from rackplane.daemon import DaemonFrame, FrameOptions, OwnerTask, ReloadOutcome
-from rackplane.errors import ConfigError, ModbusError, WriteRejected
+from rackplane.errors import ModbusError, WriteRejected
 from rackplane.io.modbus import ModbusDevice
 from rackplane.io.mqtt import Message
 from rackplane.io.selfmetrics import (
@@ -77,28 +78,33 @@ def load_valvey_config(path: str | os.PathLike[str] | None) -> tuple[ValveyConfi
     Raises:
         ConfigError: any problem, with the key path named.
     """
+    problems = ProblemList()  # every problem at once (rackplane.config_errors)
     cfg = load_config(ValveyConfig, path, required=required_parts,
-                      example="config/valvey.example.toml")
-    try:
+                      example="config/valvey.example.toml", problems=problems)
+    regmap = None
+    with problems.check("cdu.register_map"):
         regmap = load_register_map(cfg.cdu.register_map)
-    except ConfigError as err:
-        raise ConfigError(f"cdu.register_map: {err}", problems=[f"cdu.register_map: {err}"]) \
-            from None
-    check_points_against_map(cfg, regmap)
-    check_environment({**environment_checks(cfg.mqtt, cfg.tsdb),
-                       **cfg.leadership.environment_checks()})
+    if regmap is not None:
+        with problems.check():
+            check_points_against_map(cfg, regmap)
+    with problems.check():
+        check_environment({**environment_checks(cfg.mqtt, cfg.tsdb),
+                           **cfg.leadership.environment_checks()})
     if cfg.mqtt.tls is not None:
         for key in ("ca_file", "cert_file", "key_file"):
             f = getattr(cfg.mqtt.tls, key)
             if f is not None and not Path(f).is_file():
-                msg = f"mqtt.tls.{key}: {f} is not a readable file"
-                raise ConfigError(f"invalid configuration:\n  {msg}", problems=[msg])
+                problems.add(f"mqtt.tls.{key}: {f} is not a readable file")
     spool_dir = spool_folder(cfg.spool, daemon="valvey", identity=cfg.identity)
-    check_writable_dir("spool.directory", spool_dir)
-    check_spool_config("spool.directory", spool_dir)
-    check_writable_dir("control.state_file",
-                       state_file_path(cfg.control.state_file, cfg.spool,
-                                       cfg.identity.rack).parent)
+    with problems.check():
+        check_writable_dir("spool.directory", spool_dir)
+        check_spool_config("spool.directory", spool_dir)
+    with problems.check():
+        check_writable_dir("control.state_file",
+                           state_file_path(cfg.control.state_file, cfg.spool,
+                                           cfg.identity.rack).parent)
+    problems.raise_if_any()
+    assert regmap is not None  # a map that did not load is a problem raised above
     return cfg, regmap
 
 

@@ -181,6 +181,14 @@ def test_check_config_refuses_bad_config_naming_key_paths(tmp_path: Path) -> Non
     assert r.returncode == 2
     for path in ("cdu.port", "cdu.unit_id", "supply_loop.setpoint_c", "tsdb.url", "mqtt.bogus"):
         assert path in r.stderr, (path, r.stderr)
+    # every problem in the one run (the missing identity too), each on its own line, by key
+    problems = [ln.split(": ", 1)[0].strip() for ln in r.stderr.splitlines()
+                if ln.startswith("  ")]
+    assert problems == ["cdu.port", "cdu.unit_id", "identity.rack", "identity.site",
+                        "mqtt.bogus", "supply_loop.setpoint_c", "tsdb.url"], r.stderr
+    bare = subprocess.run([sys.executable, "-m", "valvey", "--check-config", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert (bare.returncode, bare.stderr) == (2, r.stderr)  # --check-config FILE: the same
     # no file: the embedded defaults name no identity and no CDU (the simulator's): refused
     none = subprocess.run([sys.executable, "-m", "valvey", "--check-config"],
                           capture_output=True, text=True, timeout=60)
