@@ -26,7 +26,7 @@ from rich.text import Text
 from rackctl.options import NO_OPTIONS, Connection, connection_options
 from rackctl.stdout import run_closing_quietly, stdout_closed, write_lines
 from rackctl.watch_view import WatchView as _WatchView
-from rackctl.watch_view import flatten
+from rackctl.watch_view import reply_table
 from rackplane.cli import EXIT_CONFIG, EXIT_RUNTIME, fail_config, typer_app
 from rackplane.errors import ConfigError, MqttError, SpoolError
 from rackplane.log import configure_logging
@@ -50,7 +50,8 @@ __all__ = [
     "watch",
 ]
 
-app: typer.Typer = typer_app(help=__doc__, no_args_is_help=True)
+app: typer.Typer = typer_app(help=__doc__, no_args_is_help=True,
+                             context_settings={"help_option_names": ["-h", "--help"]})
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -402,24 +403,6 @@ def _fail(message: str, code: int) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _reply_table(daemon: str, verb: str, reply: dict[str, Any]) -> Table:
-    ok = bool(reply.get("ok"))
-    err = reply.get("error") or {}
-    title = f"{daemon} {verb}: " + ("ok" if ok else f"refused ({err.get('code', '?')})")
-    # every cell is a Text: what a daemon sends (a lease reason, an error message naming
-    # ``[commands.users]``) is shown as written, never read as rich markup (a reason like
-    # "[/x]" raised MarkupError in every other user's rackctl)
-    t = Table(title=Text(title, style="bold green" if ok else "bold red"), show_header=False)
-    t.add_column("key", style="cyan")
-    t.add_column("value", overflow="fold")
-    t.add_row("request_id", Text(str(reply.get("request_id"))))
-    if not ok:
-        t.add_row("error", Text(str(err.get("message", ""))))
-    for key, text in flatten(reply.get("state") or {}):
-        t.add_row(Text(key), Text(text))
-    return t
-
-
 @app.command("cmd", short_help="Send one command to a daemon.")
 @connection_options()
 def cmd(
@@ -448,6 +431,7 @@ def cmd(
         parse_args,
         validate_request_id,
     )
+    from rackctl.presence import DaemonNeverConnected, Presence
     from rackplane.io.mqtt import PublishRefused
 
     configure_logging("error", "console")
@@ -466,8 +450,10 @@ def cmd(
     async def run() -> dict[str, Any]:
         client = CommandClient(settings)
         client.expect_replies_from(daemon)
+        presence = Presence(settings, daemon)  # a rack nobody runs: said in about 1 s
+        presence.attach(client)
         async with client:
-            return await client.call(daemon, verb, payload, request_id=request_id)
+            return await presence.call(client, verb, payload, request_id=request_id)
 
     try:
         reply = asyncio.run(run())
@@ -475,7 +461,7 @@ def cmd(
         _fail(str(err), EXIT_USAGE)
     except PublishRefused as err:
         _fail(f"{err} (your user may not send this command)", EXIT_REFUSED)
-    except (BrokerUnavailable, ReplyTimeout) as err:
+    except (BrokerUnavailable, ReplyTimeout, DaemonNeverConnected) as err:
         _fail(str(err), EXIT_NO_BROKER)
     except MqttError as err:
         _fail(f"MQTT: {err}", EXIT_NO_BROKER)
@@ -490,7 +476,7 @@ def cmd(
     if json_out:
         sys.stdout.write(json.dumps(reply, ensure_ascii=False) + "\n")
     else:
-        Console().print(_reply_table(daemon, verb, reply))
+        Console().print(reply_table(daemon, verb, reply))
     raise typer.Exit(EXIT_OK if reply.get("ok") is True else EXIT_REFUSED)
 
 
@@ -512,6 +498,7 @@ def watch(
     On a terminal a live view redrawn in place; otherwise (a pipe, a file) or with --plain
     one text line per message as it arrives; with --json one JSON object per message."""
     from rackctl.client import BrokerRefused, BrokerUnavailable, CommandClient, watch_filters
+    from rackctl.presence import Presence
     from rackplane.io.mqtt import Message
 
     configure_logging("error", "console")
@@ -560,13 +547,29 @@ def watch(
 
         for flt in watch_filters(topics):
             client.subscribe(flt, on_message, qos=1)
+        presence = Presence(settings, daemon)
+        presence.attach(client)
+
+        async def say_if_absent() -> None:  # a rack nobody runs shows nothing: say so
+            note = await presence.absent_note(client)
+            if note is not None and live is not None:
+                view.note = note
+                live.update(view.render())
+            elif note is not None:
+                Console(stderr=True, soft_wrap=True).print(Text(note), highlight=False)
+
         async with client:
             if json_out or plain:
+                check = asyncio.ensure_future(say_if_absent())
                 await _sleep_or_forever(duration, closed)
-                return
-            with Live(view.render(), refresh_per_second=4, console=Console()) as lv:
-                live = lv
-                await _sleep_or_forever(duration, closed)
+            else:
+                with Live(view.render(), refresh_per_second=4, console=Console()) as lv:
+                    live = lv
+                    check = asyncio.ensure_future(say_if_absent())
+                    await _sleep_or_forever(duration, closed)
+            check.cancel()
+            with contextlib.suppress(BaseException):
+                await check
 
     try:
         asyncio.run(run())

@@ -23,6 +23,10 @@ docs/COMMANDS.md (DESIGN §3):
   or a CONNACK refusing the protocol version, it reconnects on 3.1.1 for the rest of
   ``connect_timeout_s`` (replies then on ``.../result``). A refused login is never retried on
   the other version. `CommandClient.protocol` says which one it got.
+- Waiting for the broker only goes on while waiting can help (no answer yet, a slow CONNACK,
+  the v5 -> 3.1.1 fallback): a connection the network refuses outright, nothing listening on
+  ``host:port`` (ECONNREFUSED), the host or its network unreachable, or a host name that does
+  not resolve, fails at once (`BrokerUnreachable`), on either protocol, without the fallback.
 
 Connection settings (`ClientSettings`) come from, highest first: command-line flags,
 ``RACKCTL_<FIELD>`` environment variables (e.g. ``RACKCTL_HOST``, ``RACKCTL_CA_FILE``), a TOML
@@ -31,16 +35,21 @@ exists), then the defaults. The password never comes from a flag or a file: only
 environment variable named by ``password_env`` (default ``RACKCTL_PASSWORD``).
 
 Errors (and the CLI's exit codes, rackctl/cli.py): `BrokerUnavailable` (3: no connection
-within ``connect_timeout_s``), `BrokerRefused` (2: the broker refused the login: credentials
-or TLS settings), `rackplane.io.mqtt.PublishRefused` (1: a v5 broker's ACL refused the command),
-`ReplyTimeout` (3: no reply within ``timeout_s``; the command may still be applied later,
-until its TTL: retry with the same request id, it is never applied twice).
+within ``connect_timeout_s``; its subclass `BrokerUnreachable` at once, when the connection
+itself is refused or the host unreachable or unknown), `BrokerRefused` (2: the broker refused
+the login: credentials or TLS settings), `rackplane.io.mqtt.PublishRefused` (1: a v5 broker's
+ACL refused the command), `ReplyTimeout` (3: no reply within ``timeout_s``; the command may
+still be applied later, until its TTL: retry with the same request id, it is never applied
+twice). rackctl's ``cmd`` and ``watch`` also read the addressed daemon's retained ``status``
+(rackctl/presence.py): a rack where that daemon never connected is said in about a second
+(``cmd``: `rackctl.presence.DaemonNeverConnected`, exit 3), an offline one in the timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import getpass
 import json
 import math
@@ -66,6 +75,7 @@ __all__ = [
     "ENV_PREFIX",
     "BrokerRefused",
     "BrokerUnavailable",
+    "BrokerUnreachable",
     "ClientSettings",
     "CommandClient",
     "PayloadTooLarge",
@@ -316,6 +326,40 @@ class BrokerUnavailable(Exception):
     """No connection to the broker within ``connect_timeout_s`` (exit 3)."""
 
 
+class BrokerUnreachable(BrokerUnavailable):
+    """The connection to the broker failed in a way waiting cannot fix soon (exit 3, at once,
+    not after ``connect_timeout_s``): refused (nothing listening on ``host:port``), host or
+    network unreachable, host name not resolved. ``errno``: the OS error's number (a negative
+    ``socket.EAI_*`` code for a name that did not resolve)."""
+
+    def __init__(self, message: str, errno_: int) -> None:
+        super().__init__(message)
+        self.errno = errno_
+
+
+_UNREACHABLE = {errno.ECONNREFUSED: "connection refused",
+                errno.EHOSTUNREACH: "host unreachable", errno.ENETUNREACH: "network unreachable"}
+"""The OS errors of a connect that retrying within the connect timeout cannot fix soon."""
+
+
+def _unreachable(host: str, port: int, code: int | None, why: str | None) -> str | None:
+    """The message of a connect failure with errno ``code`` that waiting cannot fix, None
+    when waiting may help (see `BrokerUnreachable`)."""
+    if code is None:
+        return None
+    detail = why or os.strerror(code)
+    if code < 0:  # socket.gaierror: the EAI_* codes are negative
+        return (f"cannot resolve the broker host {host!r} (port {port}): {detail}; check "
+                "--host / RACKCTL_HOST")
+    what = _UNREACHABLE.get(code)
+    if what is None:
+        return None
+    if code == errno.ECONNREFUSED:
+        return (f"connection refused: is a broker listening on {host}:{port}? ({detail}; "
+                "check --host / --port, RACKCTL_HOST / RACKCTL_PORT)")
+    return f"{what}: cannot reach the broker at {host}:{port} ({detail})"
+
+
 class BrokerRefused(Exception):
     """The broker refused the login in its CONNACK: bad username or password, not authorised
     (exit 2: fix the settings)."""
@@ -403,6 +447,8 @@ class CommandClient:
         try:
             await self._start(half_s)
             return self
+        except BrokerUnreachable:
+            raise  # the same host and port on 3.1.1 would fail the same way
         except BrokerUnavailable as err:
             first = str(err)
         except BrokerRefused as err:
@@ -458,6 +504,10 @@ class CommandClient:
             if st.connack_refusals:
                 raise BrokerRefused(f"the broker at {s.host}:{s.port} refused the login as "
                                     f"{s.username or '(anonymous)'}: {st.last_connect_error}")
+            unreachable = _unreachable(s.host, s.port, st.last_connect_errno,
+                                       st.last_connect_error)
+            if unreachable is not None and st.last_connect_errno is not None:
+                raise BrokerUnreachable(unreachable, st.last_connect_errno)
             if self._task is not None and self._task.done():
                 err = self._task.exception() if not self._task.cancelled() else None
                 raise BrokerUnavailable(f"MQTT link ended: {err!r}")

@@ -9,7 +9,8 @@ collector), one plain text line per message as it arrives (`WatchView.lines`):
   ``alarm/<id> cleared``.
 
 A value with a space, a quote, an ``=`` or a control character is written as a JSON string,
-so every line is exactly one line whatever a daemon sends. Pure: no I/O.
+so every line is exactly one line whatever a daemon sends. Also the table ``rackctl cmd``
+prints of a command's reply (`reply_table`). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["WatchView", "flatten", "plain_value"]
+__all__ = ["WatchView", "flatten", "plain_value", "reply_table"]
 
 _NEEDS_QUOTES = re.compile(r'[\s"=\x00-\x1f\x7f]')
 _ALARM_FIELDS = ("severity", "state", "acked", "shelved", "message")
@@ -59,6 +60,8 @@ class WatchView:
         self.states: dict[str, Any] = {}
         self.alarms: dict[str, Any] = {}
         self._head: str | None = None  # the status line last given by `lines`
+        self.note: str | None = None
+        """A line shown under the status line (e.g. no such daemon at that rack)."""
 
     def update(self, kind: str, name: str, body: Any) -> None:
         """Take one message (``kind``: status, state or alarm; ``name``: the rest of the
@@ -101,6 +104,8 @@ class WatchView:
     def render(self) -> Group:
         """The live view: status line, one table per state thing, the alarms table."""
         parts: list[Any] = [self.pair.status_line(self.daemon)]
+        if self.note is not None:
+            parts.append(Text(self.note, style="yellow"))
         for thing, body in sorted(self.states.items()):
             t = Table(title=Text(f"state/{thing}"), show_header=False, title_justify="left")
             t.add_column("key", style="cyan")
@@ -118,3 +123,26 @@ class WatchView:
                 b.get("shelved", ""), b.get("message", ""))))
         parts.append(a)
         return Group(*parts)
+
+
+def reply_table(daemon: str, verb: str, reply: dict[str, Any]) -> Table:
+    """The table ``rackctl cmd`` prints of a reply ``{request_id, ok, error, state}``: the
+    title says ok or refused (with the error code); the request id, a refusal's message, then
+    the state's rows (none for an empty state)."""
+    ok = bool(reply.get("ok"))
+    err = reply.get("error") or {}
+    title = f"{daemon} {verb}: " + ("ok" if ok else f"refused ({err.get('code', '?')})")
+    # every cell is a Text: what a daemon sends (a lease reason, an error message naming
+    # ``[commands.users]``) is shown as written, never read as rich markup (a reason like
+    # "[/x]" raised MarkupError in every other user's rackctl)
+    t = Table(title=Text(title, style="bold green" if ok else "bold red"), show_header=False)
+    t.add_column("key", style="cyan")
+    t.add_column("value", overflow="fold")
+    t.add_row("request_id", Text(str(reply.get("request_id"))))
+    if not ok:
+        t.add_row("error", Text(str(err.get("message", ""))))
+    state = reply.get("state")
+    if state not in (None, {}, []):  # a refusal's empty state is no row ("- │ {}")
+        for key, text in flatten(state):
+            t.add_row(Text(key), Text(text))
+    return t

@@ -5,6 +5,7 @@ environment variables or a file."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -136,7 +137,7 @@ def test_cmd_replies_and_exit_codes_for_scripts(
     assert "setpoint_c" in human311.out and "41.0" in human311.out
     assert from_env.code == 0 and from_env.json()["state"]["setpoint_c"] == 41.0
     assert from_file.code == 0, from_file
-    assert no_reply.code == 3 and "no reply from valvey" in no_reply.err
+    assert no_reply.code == 3 and "no valvey of rack 'nobody-here' has ever" in no_reply.err
     # A script retrying with the same request id gets the first reply, applied once.
     retry = rackctl("cmd", "valvey", "set_setpoint", "--arg", "setpoint_c=41", "--json",
                           "--username", "alice", "--request-id", "cli-1", *f)
@@ -144,6 +145,7 @@ def test_cmd_replies_and_exit_codes_for_scripts(
     refused_human = rackctl("cmd", "valvey", "set_setpoint", "-a", "setpoint_c=99",
                                   "--username", "alice", *f)
     assert refused_human.code == 1 and "refused (out_of_range)" in refused_human.out
+    assert "{}" not in refused_human.out, refused_human.out  # no empty state row
 
 
 def test_watch_shows_status_state_and_alarms(mosquitto: Mosquitto, valvey: Proc) -> None:
@@ -323,3 +325,105 @@ def test_replay_into_influxdb1_with_api_v1(tmp_path: Path, influxdb1: InfluxDB1)
     assert [v[1] for v in res["series"][0]["values"]] == [0, 1, 2]
     bad = rackctl("replay", str(tmp_path / "spool"), "--url", influxdb1.url, "--api", "v3")
     assert bad.code != 0 and "api" in bad.err, bad
+
+
+# --- what a new user meets first: no broker there, a rack nobody runs, -h ----------------------
+
+
+@pytest.mark.parametrize("protocol", ["auto", "3.1.1"])
+def test_nothing_listening_on_the_port_fails_at_once_naming_it(protocol: str) -> None:
+    """A port nothing listens on refuses the connection: exit 3 at once with host:port and the
+    OS error, not "no connection within 20 s" after the whole connect timeout (v5 or the
+    3.1.1 fallback cannot fix it)."""
+    port = free_port()  # nobody listens on it
+    f = ["--port", str(port), "--connect-timeout", "20", "--protocol", protocol]
+    for argv in (["cmd", "valvey", "get_state", "--timeout", "20"],
+                 ["watch", "valvey", "--duration", "30"]):
+        t0 = time.monotonic()
+        r = rackctl(*argv, *f)
+        took_s = time.monotonic() - t0
+        assert r.code == 3, r
+        assert f"connection refused: is a broker listening on 127.0.0.1:{port}?" in r.err, r
+        assert "Connection refused" in r.err, r  # the OS error, as written
+        assert took_s < 10, (took_s, r)  # refused: at once, well before the 20 s timeout
+
+
+def test_an_unknown_broker_host_fails_at_once_naming_it() -> None:
+    t0 = time.monotonic()
+    r = rackctl("cmd", "valvey", "get_state", "--host", "no-such-broker.invalid",
+                "--connect-timeout", "20")
+    assert r.code == 3, r
+    assert "cannot resolve the broker host 'no-such-broker.invalid'" in r.err, r
+    assert time.monotonic() - t0 < 10, r
+
+
+def test_a_port_that_accepts_but_never_answers_is_waited_for() -> None:
+    """Waiting can help there (a slow broker): the connect timeout still applies, and its
+    message says so."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel accepts; nobody ever sends a CONNACK
+        port = silent.getsockname()[1]
+        r = rackctl("cmd", "valvey", "get_state", "--port", str(port), "--connect-timeout", "1")
+    assert r.code == 3, r
+    assert f"no connection to the broker at 127.0.0.1:{port} within" in r.err, r
+    assert "connection refused" not in r.err, r
+
+
+def test_a_rack_nobody_runs_is_said_plainly(mosquitto: Mosquitto, valvey: Proc) -> None:
+    """``--rack`` naming a rack where no valvey ever connected: the command reaches no one,
+    said after about a second (not "no reply ... the daemon may be down ... TTL" after the
+    whole timeout), with the racks whose valvey did connect; ``watch`` says it and goes on."""
+    wait_online(mosquitto, valvey)
+    rack = f"nosuch-{uuid.uuid4().hex[:6]}"
+    f = ["--port", str(mosquitto.port), "--rack", rack]
+    t0 = time.monotonic()
+    r = rackctl("cmd", "valvey", "get_state", "--timeout", "20", *f)
+    took_s = time.monotonic() - t0
+    assert r.code == 3, r
+    assert (f"no valvey of rack '{rack}' has ever connected to this broker (no retained "
+            f"rackplane/lab/{rack}/valvey/status)") in r.err, r
+    assert "racks seen: " in r.err and valvey.rack in r.err, r  # type: ignore[attr-defined]
+    assert "TTL" not in r.err, r
+    assert took_s < 10, (took_s, r)  # well before the 20 s reply timeout
+    w = rackctl("watch", "valvey", "--json", "--duration", "2", *f)
+    assert w.code == 0 and w.out == "", w
+    assert f"no valvey of rack '{rack}' has ever connected" in w.err, w
+    assert "watching anyway" in w.err, w
+    here = rackctl("watch", "valvey", "--json", "--duration", "1.5", *flags(mosquitto, valvey))
+    assert here.code == 0 and "ever connected" not in here.err, here
+
+
+def test_a_daemon_that_went_offline_is_said_with_its_time(mosquitto: Mosquitto) -> None:
+    """A rack whose valvey stopped: its retained status says offline; the reply timeout says
+    since when (the command may still be applied if it comes back)."""
+    from rackplane.clock import SYSTEM_CLOCK
+    from rackplane.io.mqtt import MqttLink
+    from rackplane.settings import Identity, MqttSettings
+
+    rack = f"gone-{uuid.uuid4().hex[:6]}"
+
+    async def run_and_stop() -> None:
+        link = MqttLink(MqttSettings(port=mosquitto.port), Identity(site="lab", rack=rack),
+                        "valvey", clock=SYSTEM_CLOCK)
+        task = asyncio.create_task(link.run())
+        await link.wait_ready(10)
+        await link.stop(5)
+        await task
+
+    asyncio.run(run_and_stop())
+    r = rackctl("cmd", "valvey", "get_state", "--timeout", "1", "--port", str(mosquitto.port),
+                "--rack", rack)
+    assert r.code == 3, r
+    assert f"no reply from valvey to get_state within 1 s: valvey of rack '{rack}' is offline " \
+           "since 20" in r.err, r
+    assert "--request-id rc-" in r.err, r
+
+
+@pytest.mark.parametrize("argv", [["-h"], ["cmd", "-h"], ["watch", "-h"]])
+def test_dash_h_is_help(argv: list[str]) -> None:
+    r = rackctl(*argv)
+    assert r.code == 0, r
+    assert "Usage:" in r.out and "--help" in r.out and "-h" in r.out, r

@@ -209,7 +209,7 @@ def test_no_broker_exits_3_quickly(command: str) -> None:
         "--port", str(closed_port()), "--connect-timeout", "0.5"]
     result = CliRunner().invoke(app, argv, env={"HOME": "/nonexistent"})
     assert result.exit_code == 3, result.output
-    assert "no connection to the broker" in result.output
+    assert "connection refused: is a broker listening on" in result.output  # at once
 
 
 # --- the thin issue-8 commands: rackctl bench / rackctl scenarios ------------------------------

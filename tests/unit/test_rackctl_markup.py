@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from rackctl.cli import _reply_table, _WatchView
+from rackctl.cli import _WatchView
+from rackctl.watch_view import reply_table
 
 HOSTILE = ["[/x] closed tag", "[commands.users]", "[bold]loud[/bold]", "[link=x]y[/link]", "]["]
 
@@ -24,7 +25,7 @@ def test_a_reply_shows_the_daemons_text_as_written() -> None:
         reply = {"ok": False, "request_id": text,
                  "error": {"code": "forbidden", "message": f"roles come from {text} config"},
                  "state": {"leases": {"valve": {"reason": text}}}}
-        out = _render(_reply_table("valvey", "get_state", reply))
+        out = _render(reply_table("valvey", "get_state", reply))
         assert f"roles come from {text} config" in out, out
         assert out.count(text) >= 3, out  # request id, message, reason
 
@@ -38,3 +39,15 @@ def test_watch_shows_states_and_alarms_as_written() -> None:
     out = _render(view.render())
     for text in HOSTILE:
         assert out.count(text) >= 2, (text, out)
+
+
+def test_a_refusal_table_has_no_empty_state_row() -> None:
+    """A refusal carries ``state: null``: its table ends with the error, not a ``- │ {}`` row."""
+    reply = {"ok": False, "request_id": "r-1", "state": None,
+             "error": {"code": "out_of_range", "message": "setpoint_c 99 over 45"}}
+    out = _render(reply_table("valvey", "set_setpoint", reply))
+    assert "setpoint_c 99 over 45" in out, out
+    assert "{}" not in out and "│ -" not in out, out
+    ok = _render(reply_table("valvey", "get_state", {"ok": True, "request_id": "r-2",
+                                                      "error": None, "state": {}}))
+    assert "{}" not in ok, ok

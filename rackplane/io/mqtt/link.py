@@ -9,6 +9,7 @@ import contextvars
 import logging
 import random
 import socket
+import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,20 @@ _FAILED_BATCH_PAUSE_S = 0.2  # pause after a batch with failures, so a stuck pub
 # own mqtt_* events (once per change), so the library's logger only passes CRITICAL through.
 _LIB_LOG = logging.getLogger("rackplane.io.mqtt.lib")
 _LIB_LOG.setLevel(logging.CRITICAL)
+
+
+def _os_errno(err: BaseException) -> int | None:
+    """The errno of the OS error behind a failed connect (aiomqtt raises ``MqttError(str(exc))
+    from None``: the OS error is its ``__context__``), None when there is none or it is a TLS
+    error (whose errno is an SSL error code, not an errno)."""
+    seen: BaseException | None = err
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and not isinstance(seen, ssl.SSLError):
+            return seen.errno if isinstance(seen.errno, int) else None
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 # The packet id of the last publish started in this task (set by `_Client`'s wrapper around
 # paho's publish, which aiomqtt calls synchronously inside its own publish coroutine): how
@@ -302,6 +317,7 @@ class MqttLink(_Queues):
                 except Exception as err:  # refused, timeout, CONNACK refusal, TLS files, ...
                     text = str(err) if isinstance(err, aiomqtt.MqttError) else repr(err)
                     self._stats.last_connect_error = text
+                    self._stats.last_connect_errno = _os_errno(err)
                     if isinstance(err, MqttConnectError):
                         self._stats.connack_refusals += 1
                     if failing_since is None or text != last_error:
@@ -427,6 +443,7 @@ class MqttLink(_Queues):
             raise aiomqtt.MqttError(f"connect failed: {err!r}") from err
         now = self._clock.monotonic()
         self._stats.last_connect_error = None
+        self._stats.last_connect_errno = None
         self._stats.connects += 1
         if self._stats.connects > 1:
             self._stats.reconnects += 1

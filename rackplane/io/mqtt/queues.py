@@ -91,6 +91,10 @@ class MqttStats:
             retried, logged once per topic.
         inbox_depth / inbox_max_depth: messages waiting for dispatch now / at most so far.
         last_connect_error: why the last connect attempt failed (None after a success).
+        last_connect_errno: the errno of the OS error that failed the last connect attempt
+            (``errno.ECONNREFUSED`` ...; a negative ``socket.EAI_*`` code when the host name
+            did not resolve); None after a success, or when the attempt failed otherwise (no
+            CONNACK in time, refused login, TLS).
         connack_refusals: connects the broker refused in its CONNACK (bad credentials, not
             authorised): a client that cannot log in, not a network problem.
     """
@@ -112,6 +116,7 @@ class MqttStats:
     inbox_depth: int = 0
     inbox_max_depth: int = 0
     last_connect_error: str | None = None
+    last_connect_errno: int | None = None
     connack_refusals: int = 0
     publish_refused: int = 0
 
