@@ -335,15 +335,20 @@ def _check_lines(items: Sequence[dict[str, Any]]) -> list[str]:
 
 def rack_lines(s: RowSummary) -> list[str]:
     """A line per rack: its load pattern (when known), its checklist items checked, its
-    lifecycle, its alarms raised."""
+    lifecycle, its alarms raised, its processes' exit codes after SIGTERM (valvey, racky,
+    the simulator with its tray agent; — not started)."""
     out = []
     for r in s.racks:
         ok = sum(1 for c in r.checklist if c["ok"])
         raised = [a.split(" ")[2] for a in r.alarms_raised if " raised" in a]
+        rcs = [r.valvey_exit_code, r.racky.exit_code if r.racky else None,
+               r.tray_agent_exit_code]
+        v, k, a = ("—" if rc is None else str(rc) for rc in rcs)
         out.append(f"{r.rack}{f' ({r.load})' if r.load else ''}: {ok}/{len(r.checklist)} "
                    f"checklist items checked; lifecycle "
                    f"{r.racky.lifecycle if r.racky else '—'}; alarms raised: "
-                   f"{', '.join(raised) or 'none'}")
+                   f"{', '.join(raised) or 'none'}; exit codes after SIGTERM: valvey {v}, "
+                   f"racky {k}, tray agent {a}")
     return out
 
 

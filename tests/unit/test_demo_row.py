@@ -158,12 +158,13 @@ def test_the_row_summary_names_each_rack_and_the_row_item() -> None:
     from harness.demo import DemoSummary, RackySummary, RowSummary
     from harness.demo.row import rack_lines, row_markdown
 
-    def rack(name: str, oks: list[bool], alarms: list[str], lc: str) -> DemoSummary:
+    def rack(name: str, oks: list[bool], alarms: list[str], lc: str,
+             rc: int | None = 0) -> DemoSummary:
         return DemoSummary(
             scenario="demo-load-step", duration_s=170.0, steps=[], points_spooled=1,
             spool_dir="s", valvey_exit_code=0, alarms_raised=alarms, plot=None, trace_csv="t",
-            run_dir=name, max_gpu_tj_c=None, rack=name,
-            racky=RackySummary(lc, None, 1.0, 1, "8/8", 1.0, 1.0, "budget", 0.0),
+            run_dir=name, max_gpu_tj_c=None, rack=name, tray_agent_exit_code=rc,
+            racky=RackySummary(lc, None, 1.0, 1, "8/8", 1.0, 1.0, "budget", 0.0, exit_code=0),
             checklist=[{"label": f"item {i}", "ok": ok, "detail": "d"}
                        for i, ok in enumerate(oks)])
 
@@ -172,14 +173,16 @@ def test_the_row_summary_names_each_rack_and_the_row_item() -> None:
         racks=[rack("r12", [True, True, False], ["105 s racky:link_flapping:gpu07-nic1 raised",
                                                  "120 s racky:link_flapping:gpu07-nic1 cleared"],
                     "quarantined"),
-               rack("r13", [True], [], "production")],
+               rack("r13", [True], [], "production", rc=-9)],
         row_limit_w=280_000.0, budgets_w={"r12": 140_000.0, "r13": 140_000.0},
         checklist=[item.as_dict()], plot="row.png", run_dir="run",
         coordination="row without rlc: x", **row_figures([(1.0, 250_000.0)], 280_000.0))
     assert rack_lines(s) == [
         "r12: 2/3 checklist items checked; lifecycle quarantined; alarms raised: "
-        "racky:link_flapping:gpu07-nic1",
-        "r13: 1/1 checklist items checked; lifecycle production; alarms raised: none"]
+        "racky:link_flapping:gpu07-nic1; exit codes after SIGTERM: valvey 0, racky 0, "
+        "tray agent 0",
+        "r13: 1/1 checklist items checked; lifecycle production; alarms raised: none; exit "
+        "codes after SIGTERM: valvey 0, racky 0, tray agent -9"]
     md = row_markdown(s)
     assert md.index("## rack r12") < md.index("## rack r13") < md.index("## the row (2 racks)")
     assert f"- [x] {item.label}: {item.detail}" in md
