@@ -198,6 +198,9 @@ class RackPowerState(StrictModel):
     rack_power_w: float | None = Field(
         description="sum of the shelves' DC output, W; null unless every configured or "
         "discovered shelf reports (a partial sum would understate the rack)")
+    rack_input_w: float | None = Field(
+        None, description="sum of the shelves' AC input, W (what rlc's leases and a row's "
+        "feed limit are on); null unless every shelf reports it")
     it_power_w: float | None = Field(None, description="rack IT load (BBU share included), W")
     shelves_reporting: int
     shelves_configured: int
