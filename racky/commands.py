@@ -45,13 +45,14 @@ verb mutates (outputs ``rack_cap``, ``rack_budget``, ``tray:NN``, ``lifecycle``)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
 from rackplane.commands import (
     ArgBound,
+    ArgProblem,
     CommandArgs,
     CommandContext,
     CommandRouter,
@@ -65,7 +66,6 @@ from rackplane.config import StrictModel
 from rackplane.core import names
 from rackplane.core.alarms import DEFAULT_MAX_SHELVE_S, AlarmEvent
 from rackplane.core.pair_sync import HandoverArgs
-from rackplane.errors import CommandError
 from rackplane.log import get_logger
 from rackplane.settings import Role
 from racky.core.agent_settings import AgentCommand
@@ -132,7 +132,8 @@ class CycleTraysArgs(CommandArgs):
 class SetBudgetArgs(CommandArgs):
     """``set_budget``: the rack budget in W (null: back to the config's), within the rack's
     floor (every tray at its lowest cap plus the power outside the trays) and
-    ``power.rack_capacity_w`` (``out_of_range``)."""
+    ``power.rack_capacity_w`` (``out_of_range``); in fleet mode at most the rack's fleet
+    grant (``beyond_grant``: budgets move through rlc)."""
 
     power_w: float | None = Field(allow_inf_nan=False, description="W, or null")
     reason: str = Reason
@@ -197,6 +198,9 @@ class RackPowerState(StrictModel):
     rack_power_w: float | None = Field(
         description="sum of the shelves' DC output, W; null unless every configured or "
         "discovered shelf reports (a partial sum would understate the rack)")
+    rack_input_w: float | None = Field(
+        None, description="sum of the shelves' AC input, W (what rlc's leases and a row's "
+        "feed limit are on); null unless every shelf reports it")
     it_power_w: float | None = Field(None, description="rack IT load (BBU share included), W")
     shelves_reporting: int
     shelves_configured: int
@@ -365,11 +369,7 @@ def register_racky_commands(
         return reply({"queued": queued})
 
     def set_budget(a: SetBudgetArgs, ctx: CommandContext) -> dict[str, Any]:
-        check("rack_budget", ctx)
-        grant = core.fleet_budget_w
-        if grant is not None and a.power_w is not None and a.power_w > grant:
-            raise CommandError(BEYOND_GRANT, f"set_budget {a.power_w:g} W is above this "
-                               f"rack's fleet grant {grant:g} W: change budgets through rlc")
+        check("rack_budget", ctx)  # the fleet grant: an argument check (`beyond_grant`)
         before = core.budget_w
         core.set_budget(a.power_w)
         return reply({"changed": {"budget_w": {"from": before, "to": core.budget_w}}})
@@ -447,8 +447,19 @@ def register_racky_commands(
         "cycle_trays": cycle_trays,
     }
     bounds = racky_arg_bounds(core)
+
+    def beyond_grant(values: Mapping[str, Any]) -> list[ArgProblem]:
+        # set_budget above the rack's fleet grant: named with the other argument problems
+        grant, w = core.fleet_budget_w, values.get("power_w")
+        if grant is None or isinstance(w, bool) or not isinstance(w, int | float) or w <= grant:
+            return []
+        return [("power_w", BEYOND_GRANT, f"args.power_w = {w:g} W is above this rack's "
+                 f"fleet grant {grant:g} W: change budgets through rlc")]
+
+    more = {"set_budget": beyond_grant}
     for verb, (model, role) in _VERBS.items():
-        register_bounded(router, verb, model, handlers[verb], role, bounds.get(verb, {}))
+        register_bounded(router, verb, model, handlers[verb], role, bounds.get(verb, {}),
+                         more.get(verb))
 
 
 SHELVE_MIN_S = 60.0

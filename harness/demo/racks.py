@@ -83,6 +83,8 @@ class DemoRack:
     racky: asyncio.subprocess.Process | None = None
     valvey_rc: int | None = None
     racky_rc: int | None = None
+    sim_rc: int | None = None
+    """The exit code of the rack's simulator + tray agent process (`start_sim`) after SIGTERM."""
     end_t_s: float | None = None
     """The run's end on this rack's plant clock, s: set when the demo stops it."""
     racky_extra: dict[str, Any] = field(default_factory=dict)
@@ -219,12 +221,12 @@ async def start_daemons(rack: DemoRack, mqtt_host: str, mqtt_port: int,
 
 
 async def stop_rack(rack: DemoRack) -> None:
-    """SIGTERM the rack's daemons (then its simulator); their exit codes kept, the run's
-    end (`DemoRack.end_t_s`) taken before."""
+    """SIGTERM the rack's daemons (then its simulator with its tray agent); their exit
+    codes kept, the run's end (`DemoRack.end_t_s`) taken before."""
     rack.end_t_s = rack.end_t()
     rack.valvey_rc, rack.racky_rc = await asyncio.gather(terminate(rack.valvey, 20),
                                                          terminate(rack.racky, 20))
-    await terminate(rack.sim, 10)
+    rack.sim_rc = await terminate(rack.sim, 10)
 
 
 def write_trace(path: Path, rec: Recorder) -> None:
@@ -270,6 +272,7 @@ def finish_rack(rack: DemoRack, console: Console, broker_problem: str | None,
         points_spooled=count_spooled(spool_dir) if spool_dir.exists() else 0,
         spool_dir=str(spool_dir),
         valvey_exit_code=rack.valvey_rc,
+        tray_agent_exit_code=rack.sim_rc,
         alarms_raised=[f"{t:.0f} s {a} {k}{alarm_note(a) if k == 'raised' else ''}"
                        for t, a, k in rec.alarm_log],
         control_mode=control_mode_from_states(rec.loop),

@@ -1,12 +1,16 @@
 """The demo's row (``rackctl demo --racks N``, N >= 2): the row's power (Σ of each rack's
-racky ``state/rack_power``) against the row limit, the row's checklist item, its live view,
-its plot and its summary.
+AC input, racky's ``state/rack_power.rack_input_w``: the power shelves' AC input as racky
+reads it) against the row limit, the row's checklist item, its live view, its plot and its
+summary. The row limit is on AC input, as rlc's leases are (a row's feed); the racks' DC
+output (``rack_power_w``, what racky's budgets cap) is below it by the shelves' losses, so
+summing it would flatter the row.
 
 Without rlc (no nats-server) nothing moves the racks' budgets: the row limit is split
 evenly into racky budgets (`ROW_LIMIT_PER_RACK_W` each), so the racks' own caps are what
 keeps the row under it; under rlc (`harness.demo.fleet`) the budgets are rlc's leases of the
-same limit. Either way the row item checks it from the recorded rack powers, never from the
-configuration.
+same limit. Either way the row item checks it from the recorded AC inputs, never from the
+configuration. (Without rlc the split budgets are racky's, on DC output: a rack held at its
+budget draws its share plus the shelves' losses on AC, which the item shows if it happens.)
 
 Time: each rack's records are on its own simulator's plant clock; the row puts them on one
 axis, "row time", s since the first rack's plant t = 0 (each rack's plant t = 0 is
@@ -34,6 +38,7 @@ from harness.demo.summary import BAND_K, DemoSummary, print_summary, summary_mar
 
 __all__ = [
     "ROW_LIMIT_PER_RACK_W",
+    "ROW_POWER_KEY",
     "ROW_SAMPLE_MAX_AGE_S",
     "ROW_STEP_S",
     "RowSummary",
@@ -56,6 +61,9 @@ __all__ = [
 ROW_LIMIT_PER_RACK_W = RACKY_BUDGET_W
 """The row limit's share of each rack, W: the row limit is N × this, and each racky's budget
 is this (a static split, as a row without rlc has)."""
+ROW_POWER_KEY = "rack_input_w"
+"""The field of racky's ``state/rack_power`` the row sums: the shelves' AC input, W (the row
+limit and rlc's leases are on AC input)."""
 ROW_STEP_S = 1.0
 """The row power's time step, s (racky publishes its rack power at 1 Hz)."""
 ROW_SAMPLE_MAX_AGE_S = 2.5
@@ -76,10 +84,13 @@ def _row_t(rec: Recorder, t_plant: float, t0: float) -> float:
     return t_plant + (rec.plant_t0_mono or t0) - t0
 
 
-def rack_power_series(rec: Recorder, t0: float) -> list[tuple[float, float]]:
-    """racky's rack power samples of one rack on the row's time axis: (row s, W)."""
-    return [(_row_t(rec, float(r["t_s"]), t0), float(r["rack_power_w"])) for r in rec.rack_power
-            if isinstance(r.get("rack_power_w"), (int, float))]
+def rack_power_series(rec: Recorder, t0: float, key: str = ROW_POWER_KEY
+                      ) -> list[tuple[float, float]]:
+    """racky's rack power samples of one rack on the row's time axis: (row s, W); ``key``:
+    the ``state/rack_power`` field (default the AC input, `ROW_POWER_KEY`; samples without
+    it are left out)."""
+    return [(_row_t(rec, float(r["t_s"]), t0), float(r[key])) for r in rec.rack_power
+            if isinstance(r.get(key), (int, float))]
 
 
 def row_power(series: Sequence[Sequence[tuple[float, float]]], step_s: float = ROW_STEP_S,
@@ -121,10 +132,12 @@ def held_at(series: Sequence[tuple[float, float]], times: Sequence[float]) -> li
 
 def row_power_item(points: Sequence[tuple[float, float | None]], limit_w: float,
                    n_racks: int) -> CheckItem:
-    """"Row power never above the row limit", from `row_power`'s instants: checked when no
-    instant with every rack heard is above ``limit_w`` (W) and at most `MISSING_SHARE_MAX`
-    of the instants miss a rack."""
-    label = f"row power (Σ of {n_racks} racks' racky power) never above the row limit"
+    """"Row power never above the row limit", from `row_power`'s instants of the racks' AC
+    input (`ROW_POWER_KEY`: like the row limit and rlc's leases): checked when no instant
+    with every rack heard is above ``limit_w`` (W, AC) and at most `MISSING_SHARE_MAX` of
+    the instants miss a rack."""
+    label = (f"row power (Σ of {n_racks} racks' AC input, from racky) never above the row "
+             "limit (AC)")
     heard = [(t, p) for t, p in points if p is not None]
     missing = len(points) - len(heard)
     if not heard:
@@ -169,7 +182,8 @@ class RowSummary:
     """rlc's side of the run (`harness.demo.fleet.RowFleet.as_dict`: its leases, the
     campaign); None: the row ran without rlc."""
     row_power: list[tuple[float, float | None]] = field(default_factory=list)
-    """(row s, W) every `ROW_STEP_S`: what the row item and plot were computed from."""
+    """(row s, W of AC input) every `ROW_STEP_S`: what the row item and plot were computed
+    from."""
     wall_s: float | None = None
     """``rackctl demo``'s wall time from its start to this summary, s (None: not measured)."""
     machine: str = ""
@@ -195,11 +209,11 @@ def row_figures(points: Sequence[tuple[float, float | None]], limit_w: float
             "over_limit_instants": sum(1 for _, p in heard if p > limit_w)}
 
 
-def latest_rack_power_w(rec: Recorder) -> float | None:
-    """racky's last rack power of a rack, W; None when none, or older than
-    `ROW_SAMPLE_MAX_AGE_S` against the rack's latest plant telemetry."""
+def latest_rack_power_w(rec: Recorder, key: str = ROW_POWER_KEY) -> float | None:
+    """racky's last rack power of a rack (``key``: default the AC input), W; None when none,
+    or older than `ROW_SAMPLE_MAX_AGE_S` against the rack's latest plant telemetry."""
     rp = rec.rack_power[-1] if rec.rack_power else {}
-    w = rp.get("rack_power_w")
+    w = rp.get(key)
     if not isinstance(w, (int, float)) or not rec.plant:
         return None
     return float(w) if float(rec.plant[-1]["t_s"]) - float(rp["t_s"]) <= ROW_SAMPLE_MAX_AGE_S \
@@ -207,7 +221,7 @@ def latest_rack_power_w(rec: Recorder) -> float | None:
 
 
 def row_power_now_w(recs: Sequence[Recorder]) -> float | None:
-    """Σ of the racks' `latest_rack_power_w`, W; None while any rack has none."""
+    """Σ of the racks' `latest_rack_power_w` (AC input), W; None while any rack has none."""
     ws = [latest_rack_power_w(r) for r in recs]
     return None if any(w is None for w in ws) else sum(w for w in ws if w is not None)
 
@@ -217,7 +231,7 @@ def row_line(recs: Sequence[Recorder], limit_w: float,
     """The row's power against its limit, now (green within, red above or unknown)."""
     total_w = row_power_now_w(recs)
     style = "green" if total_w is not None and total_w <= limit_w else "red"
-    return Text(f"row: Σ rack power {_kw(total_w)} kW / row limit {limit_w / 1000:.0f} kW"
+    return Text(f"row: Σ rack AC input {_kw(total_w)} kW / row limit {limit_w / 1000:.0f} kW"
                 f" ({note})", style=style)
 
 
@@ -280,8 +294,8 @@ def write_row_plot(path: Path, recs: Sequence[tuple[str, Recorder]],
                    faults: Sequence[tuple[str, float, str]], limit_w: float,
                    points: Sequence[tuple[float, float | None]],
                    granted: Sequence[tuple[float, float]] | None = None) -> None:
-    """The row at a glance (PNG): each rack's racky power and their Σ against the row limit,
-    each rack's supply error (valvey's PV − setpoint) with the ±0.5 K band; ``faults``
+    """The row at a glance (PNG): each rack's AC input (racky's) and their Σ against the row
+    limit, each rack's supply error (valvey's PV − setpoint) with the ±0.5 K band; ``faults``
     (rack, plant s, what) marked on the row's time axis; ``granted``: Σ of rlc's leases
     (row s, W; `harness.demo.fleet`), a step line (None: a row without rlc)."""
     import matplotlib
@@ -303,7 +317,8 @@ def write_row_plot(path: Path, recs: Sequence[tuple[str, Recorder]],
     if heard:
         stacks = [[w / 1000 for w in held_at(rack_power_series(rec, t0), heard)]
                   for _, rec in recs]
-        ax[0].stackplot(heard, stacks, labels=[f"{n} (racky)" for n, _ in recs], alpha=0.6)
+        ax[0].stackplot(heard, stacks, labels=[f"{n} AC input (racky)" for n, _ in recs],
+                        alpha=0.6)
     if granted:
         ax[0].step([t for t, _ in granted], [w / 1000 for _, w in granted], where="post",
                    color="black", lw=1, label="Σ rlc leases")
@@ -321,7 +336,7 @@ def write_row_plot(path: Path, recs: Sequence[tuple[str, Recorder]],
             a.axvline(t, color="tab:purple", ls="--", lw=0.8)
         ax[0].annotate(f"{name}: {what}", (t, 0.02), xycoords=("data", "axes fraction"),
                        fontsize=7, color="tab:purple", rotation=90, va="bottom", ha="right")
-    fig.suptitle(f"the row: {len(recs)} racks, Σ racky power against the row limit "
+    fig.suptitle(f"the row: {len(recs)} racks, Σ AC input against the row limit "
                  f"({limit_w / 1000:.0f} kW; "
                  f"{'under rlc' if granted is not None else 'row without rlc'})", fontsize=10)
     fig.tight_layout()
@@ -335,15 +350,20 @@ def _check_lines(items: Sequence[dict[str, Any]]) -> list[str]:
 
 def rack_lines(s: RowSummary) -> list[str]:
     """A line per rack: its load pattern (when known), its checklist items checked, its
-    lifecycle, its alarms raised."""
+    lifecycle, its alarms raised, its processes' exit codes after SIGTERM (valvey, racky,
+    the simulator with its tray agent; — not started)."""
     out = []
     for r in s.racks:
         ok = sum(1 for c in r.checklist if c["ok"])
         raised = [a.split(" ")[2] for a in r.alarms_raised if " raised" in a]
+        rcs = [r.valvey_exit_code, r.racky.exit_code if r.racky else None,
+               r.tray_agent_exit_code]
+        v, k, a = ("—" if rc is None else str(rc) for rc in rcs)
         out.append(f"{r.rack}{f' ({r.load})' if r.load else ''}: {ok}/{len(r.checklist)} "
                    f"checklist items checked; lifecycle "
                    f"{r.racky.lifecycle if r.racky else '—'}; alarms raised: "
-                   f"{', '.join(raised) or 'none'}")
+                   f"{', '.join(raised) or 'none'}; exit codes after SIGTERM: valvey {v}, "
+                   f"racky {k}, tray agent {a}")
     return out
 
 

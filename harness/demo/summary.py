@@ -32,6 +32,7 @@ __all__ = [
     "scoring_windows",
     "summarise",
     "summary_markdown",
+    "tray_agent_text",
     "write_plot",
 ]
 
@@ -100,6 +101,9 @@ class DemoSummary:
     """A burst rack's figures (`harness.demo.bursts.burst_figures`); None for other loads."""
     trays: str = ""
     """How the rack's trays reported (`harness.demo.procs.TRAYS_VIA`); empty: not said."""
+    tray_agent_exit_code: int | None = None
+    """The exit code after SIGTERM of the rack's simulator process, which runs its tray
+    agent (``python -m harness.simagent``); None: not started."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -329,6 +333,13 @@ def _kw(w: float | None) -> str:
     return "—" if w is None else f"{w / 1000:.1f} kW"
 
 
+def tray_agent_text(s: DemoSummary) -> str:
+    """The tray agent's exit code after SIGTERM: that of the rack's simulator process, which
+    runs the agent (``harness.simagent``)."""
+    rc = "— (not started)" if s.tray_agent_exit_code is None else s.tray_agent_exit_code
+    return f"Tray agent (in the simulator's process) exit code after SIGTERM: {rc}."
+
+
 def _racky_text(r: RackySummary | None) -> str:
     if r is None:
         return "racky: published nothing in this run."
@@ -427,7 +438,7 @@ def summary_markdown(s: DemoSummary) -> str:
         f"folder (the embedded store). Hottest GPU junction: "
         f"{'—' if s.max_gpu_tj_c is None else f'{s.max_gpu_tj_c:.1f} °C'}. "
         f"Alarms: {', '.join(s.alarms_raised) or 'none'}. "
-        f"valvey's exit code after SIGTERM: {s.valvey_exit_code}.",
+        f"valvey's exit code after SIGTERM: {s.valvey_exit_code}. {tray_agent_text(s)}",
         "",
         _racky_text(s.racky),
     ]
@@ -504,5 +515,6 @@ def print_summary(s: DemoSummary, console: Console) -> None:
     say(f"feedforward source over valvey's states: {_ff_text(s.ff_source_share) or '—'}")
     say(f"alarms: {', '.join(s.alarms_raised) or 'none'}")
     say(f"valvey exit code after SIGTERM: {s.valvey_exit_code}")
+    say(tray_agent_text(s))
     say(_racky_text(s.racky))
     say(f"plot: {s.plot}\ntrace: {s.trace_csv}\nlogs and config: {s.run_dir}")

@@ -56,10 +56,13 @@ The checks, in order, each refusing with its ``error.code`` (`ROUTER_CODES`):
 7. ``unknown_verb`` (the message lists the known verbs).
 8. ``forbidden``: the user's role (``CommandSettings.users``, else ``default_role``; never from
    the payload) is below the verb's least role (reader < automation < operator).
-9. The verb's args model refused them (key paths ``args.<field>``): ``wrong_type`` (a JSON
-   type the field does not take), ``non_finite``, ``out_of_range``, else ``invalid_args``
-   (missing or unknown key, pattern, enum). Then every numeric argument against its bounds
-   from config (`rackplane.commands.bounds`): ``out_of_range`` naming the value and limits.
+9. The args: the verb's args model (key paths ``args.<field>``) and every numeric argument
+   against its bounds from config (`rackplane.commands.bounds`). One refusal lists **every**
+   problem of the args at once (the model's and the bounds', e.g. a budget out of range and
+   a missing reason), in the order of the model's fields (problems of no one field and
+   unknown keys last); its code is that of the first: ``wrong_type`` (a JSON type the field
+   does not take), ``non_finite``, ``out_of_range`` (a bound's code: e.g. ``unknown_tray``),
+   else ``invalid_args`` (missing or unknown key, pattern, enum).
 10. The handler: a `CommandError` becomes ``ok: false`` with its code; any other exception is
     ``internal_error`` (logged with its traceback); otherwise ``ok: true`` and ``state`` is the
     handler's dict.

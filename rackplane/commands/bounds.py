@@ -20,19 +20,25 @@ from __future__ import annotations
 import math
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
 from rackplane.commands.router import CommandRouter
-from rackplane.core.envelope import OUT_OF_RANGE, CommandContext, HandlerResult
+from rackplane.core.envelope import (
+    OUT_OF_RANGE,
+    ArgProblem,
+    CommandContext,
+    HandlerResult,
+    join_problems,
+)
 from rackplane.errors import CommandError
 from rackplane.settings import Role
 
-__all__ = ["ArgBound", "BoundProvider", "VerbBounds", "bounds_of", "check_bounds",
-           "json_limits", "numeric_fields", "register_bounded"]
+__all__ = ["ArgBound", "BoundProvider", "VerbBounds", "bound_problems", "bounds_of",
+           "check_bounds", "json_limits", "numeric_fields", "register_bounded"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,25 +118,55 @@ def numeric_fields(model: type[BaseModel]) -> tuple[str, ...]:
     return tuple(name for name, f in model.model_fields.items() if _is_numeric(f.annotation))
 
 
-def check_bounds(args: BaseModel, bounds: VerbBounds) -> None:
-    """Refuse an args object with a number outside its bound (None values are not checked:
-    they mean "not given" or "back to the config's").
-
-    Raises:
-        CommandError: the bound's code (``out_of_range``), naming ``args.<field>``, the value,
-            the limits and their source.
-    """
+def bound_problems(values: Mapping[str, Any], bounds: VerbBounds,
+                   skip: Collection[str] = ()) -> list[ArgProblem]:
+    """Every number of ``values`` (field -> value, or list of values) outside its bound, in
+    ``bounds``' order, one problem per field (its first value outside); None values and
+    anything not a number are not checked (None means "not given" or "back to the
+    config's"; a wrong type is the model's problem), nor fields in ``skip``."""
+    out: list[ArgProblem] = []
     for name, provider in bounds.items():
-        value = getattr(args, name, None)
-        values = value if isinstance(value, list | tuple) else [value]
-        for v in values:
+        if name in skip:
+            continue
+        value = values.get(name)
+        for v in value if isinstance(value, list | tuple) else [value]:
             if v is None or isinstance(v, bool) or not isinstance(v, int | float):
                 continue
             b = provider()
             if not b.contains(float(v)):
                 u = f" {b.unit}" if b.unit else ""
-                raise CommandError(b.code, f"args.{name} = {_value(float(v), b)}{u} is outside "
-                                   f"{b.describe()} ({b.source})")
+                out.append((name, b.code, f"args.{name} = {_value(float(v), b)}{u} is outside "
+                            f"{b.describe()} ({b.source})"))
+                break
+    return out
+
+
+def check_bounds(args: BaseModel, bounds: VerbBounds,
+                 more: Callable[[Mapping[str, Any]], list[ArgProblem]] | None = None) -> None:
+    """Refuse an args object with a number outside its bound (`bound_problems`), or with a
+    problem ``more`` finds: every such argument named at once, the code that of the first in
+    the model's field order.
+
+    Raises:
+        CommandError: the first problem's code (a bound's: ``out_of_range``), naming
+            ``args.<field>``, the value, the limits and their source, for each problem.
+    """
+    problems = _problems({n: getattr(args, n, None) for n in type(args).model_fields}, bounds,
+                         more)
+    if problems:
+        order = {name: k for k, name in enumerate(type(args).model_fields)}
+        problems.sort(key=lambda p: order.get(p[0], len(order)))
+        raise CommandError(problems[0][1], join_problems([p[2] for p in problems]))
+
+
+def _problems(values: Mapping[str, Any], bounds: VerbBounds,
+              more: Callable[[Mapping[str, Any]], list[ArgProblem]] | None,
+              skip: Collection[str] = ()) -> list[ArgProblem]:
+    out = bound_problems(values, bounds, skip)
+    if more is not None:
+        seen = {p[0] for p in out} | set(skip)  # one problem per argument: its bound's first
+        out += [p for p in more(values) if p[0] not in seen]
+    return out
 
 
 def register_bounded(
@@ -140,9 +176,18 @@ def register_bounded(
     handler: Callable[[Any, CommandContext], HandlerResult],
     role: Role,
     bounds: VerbBounds,
+    more: Callable[[Mapping[str, Any]], list[ArgProblem]] | None = None,
 ) -> None:
     """`CommandRouter.register` with every numeric argument checked against ``bounds``
-    before ``handler`` runs (`check_bounds`).
+    before ``handler`` runs (`check_bounds`), and on the raw args too when the model refuses
+    them (the refusal then lists the model's problems and the bounds' at once,
+    `rackplane.core.envelope.args_refusal`).
+
+    Args:
+        more: further checks of argument values against the daemon's state (e.g. racky's
+            fleet grant): ``more(values)`` -> problems (field, code, text) for the values
+            (the validated args', or the raw ones: anything may be of the wrong type there);
+            never raises. An argument outside its bound is not checked by it.
 
     Raises:
         ValueError: a numeric field of ``model`` has no bound, or a bound names no field;
@@ -159,12 +204,15 @@ def register_bounded(
     table = dict(bounds)
 
     def bounded(args: Any, ctx: CommandContext) -> HandlerResult:
-        check_bounds(args, table)
+        check_bounds(args, table, more)
         return handler(args, ctx)
+
+    def raw_problems(raw: Mapping[str, Any], skip: Collection[str]) -> list[ArgProblem]:
+        return _problems(raw, table, more, skip)
 
     setattr(bounded, _BOUNDS_ATTR, table)
     bounded.__doc__ = handler.__doc__
-    router.register(verb, model, bounded, role=role)
+    router.register(verb, model, bounded, role=role, arg_check=raw_problems)
 
 
 def bounds_of(router: CommandRouter) -> dict[str, dict[str, BoundProvider] | None]:

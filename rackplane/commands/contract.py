@@ -302,7 +302,10 @@ of every verb has bounds from the daemon's config** (or, for a few durations, a 
 standard), checked before the verb acts: outside them the reply is `out_of_range` naming the
 argument, the value and the limits, e.g. `args.power_w = 120 W is outside [25020, 264000] W
 (the rack's floor ... power.rack_capacity_w)` (rackplane/commands/bounds.py; the limits of
-each verb's arguments are in its description). The daemons count refusals per code in their
+each verb's arguments are in its description). **A refusal of the args lists every problem
+at once** (the model's and the bounds': `set_budget` with a budget out of range and no
+reason names both), in the order of the verb's args fields (unknown keys last); its code is
+that of the first. The daemons count refusals per code in their
 self-metrics (`commands_refused`, docs/OPERATIONS.md).
 """
 

@@ -40,6 +40,7 @@ from rackplane.core.envelope import (
     TOO_LARGE,
     UNKNOWN_VERB,
     WRONG_TYPE,
+    ArgCheck,
     CommandArgs,
     CommandAudit,
     CommandContext,
@@ -52,7 +53,7 @@ from rackplane.core.envelope import (
     _fingerprint,
     _json_safe,
     _json_type,
-    args_refusal_code,
+    args_refusal,
     read_json,
 )
 from rackplane.core.names import check_topic_level
@@ -118,6 +119,7 @@ class _Verb:
     model: type[BaseModel]
     handler: Callable[[Any, CommandContext], HandlerResult]
     role: Role
+    arg_check: ArgCheck | None = None
 
 
 @dataclass(slots=True)
@@ -160,7 +162,6 @@ class _Outcome:
             return self.cached_reply
         error = None if self.ok else {"code": self.code, "message": self.message or self.code}
         return {"request_id": self.request_id, "ok": self.ok, "error": error, "state": self.state}
-
 
 
 ReplyFn = Callable[[Message, Mapping[str, Any]], Awaitable[Any] | Any]
@@ -220,6 +221,7 @@ class CommandRouter:
         args_model: type[A],
         handler: Callable[[A, CommandContext], HandlerResult],
         role: Role = "operator",
+        arg_check: ArgCheck | None = None,
     ) -> None:
         """Add a verb.
 
@@ -230,6 +232,7 @@ class CommandRouter:
                 it for blocking work run off the loop (module docstring, BR-24 b); validates
                 before it mutates, raises `CommandError` to refuse.
             role: the least role allowed to use it.
+            arg_check: its bounds, checked on the raw args too when the model refuses them.
 
         Raises:
             ValueError: invalid or duplicate verb, unknown role.
@@ -245,7 +248,7 @@ class CommandRouter:
             raise ValueError(f"role {role!r} must be one of {sorted(ROLE_RANK)}")
         if not (isinstance(args_model, type) and issubclass(args_model, BaseModel)):
             raise TypeError(f"args_model of {verb!r} must be a pydantic model class")
-        self._verbs[verb] = _Verb(verb, args_model, handler, role)
+        self._verbs[verb] = _Verb(verb, args_model, handler, role, arg_check)
 
     def attach(self, environ: Mapping[str, str] | None = None) -> None:
         """Subscribe the router to ``link.topics.cmd_filter`` (QoS 1; on MQTT v5 with Retain As
@@ -533,7 +536,7 @@ class CommandRouter:
         try:
             args = spec.model.model_validate(env.args)
         except ValidationError as err:
-            o.refuse(args_refusal_code(err), _describe(err, prefix="args"))
+            o.refuse(*args_refusal(err, spec.model, env.args, spec.arg_check))
             return
         now_mono = self._clock.monotonic()
         ctx = CommandContext(
@@ -668,8 +671,6 @@ class CommandRouter:
             n = st.audit_errors
             if n <= 3 or (n & (n - 1)) == 0:
                 self._log.error("command_audit_failed", error=repr(err), audit_errors=n)
-
-
 
 
 # --- the test-only verb (FIELD-CASES BR-24 b) --------------------------------------------------

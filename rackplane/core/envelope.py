@@ -10,13 +10,14 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from pydantic import (
     AwareDatetime,
+    BaseModel,
     ConfigDict,
     Field,
     RootModel,
@@ -39,6 +40,8 @@ __all__ = [
     "ROUTER_CODES",
     "AcquireLeaseArgs",
     "AlarmPayload",
+    "ArgCheck",
+    "ArgProblem",
     "CommandArgs",
     "CommandAudit",
     "CommandContext",
@@ -103,19 +106,56 @@ _ARG_TYPE_CODES: Mapping[str, str] = {
 """pydantic error types -> refusal code (besides the ``*_type`` family: ``wrong_type``)."""
 
 
-def args_refusal_code(err: ValidationError) -> str:
-    """The refusal code of an args model's `ValidationError`: that of its first problem
-    (``non_finite``, ``out_of_range``, ``wrong_type``), else ``invalid_args``."""
-    problems = err.errors(include_url=False)
-    if not problems:
-        return INVALID_ARGS
-    kind = str(problems[0]["type"])
+def _problem_code(kind: str) -> str:
+    """The refusal code of one pydantic error type."""
     code = _ARG_TYPE_CODES.get(kind)
     if code is not None:
         return code
     if kind.endswith("_type") or kind in ("int_from_float", "model_attributes_type"):
         return WRONG_TYPE
     return INVALID_ARGS
+
+
+def args_refusal_code(err: ValidationError) -> str:
+    """The refusal code of an args model's `ValidationError`: that of its first problem
+    (``non_finite``, ``out_of_range``, ``wrong_type``), else ``invalid_args``."""
+    problems = err.errors(include_url=False)
+    return _problem_code(str(problems[0]["type"])) if problems else INVALID_ARGS
+
+
+ArgProblem = tuple[str, str, str]
+"""One problem of a command's args: (field name, refusal code, ``args.<field>: ...`` text)."""
+
+ArgCheck = Callable[[Mapping[str, Any], Collection[str]], list[ArgProblem]]
+"""``check(raw_args, skip)``: the problems a verb's further argument checks (its bounds,
+`rackplane.commands.bounds`) find in the raw args, fields in ``skip`` left out (the model
+already refused them); never raises."""
+
+
+def args_refusal(err: ValidationError, model: type[BaseModel], raw: Mapping[str, Any],
+                 more: ArgCheck | None = None) -> tuple[str, str]:
+    """``(code, message)`` refusing args the model refused: every problem at once, the
+    model's and those ``more`` finds in the fields the model did not refuse (a budget out of
+    range *and* a missing reason), in the order of the model's fields (problems of no field,
+    unknown keys, last); the code is that of the first, the message lists them all."""
+    problems: list[ArgProblem] = []
+    for e in err.errors(include_url=False):
+        loc = e["loc"]
+        problems.append((str(loc[0]) if loc else "", _problem_code(str(e["type"])),
+                         _problem_text(e, "args")))
+    if more is not None:
+        problems += more(raw, {p[0] for p in problems})
+    order = {name: k for k, name in enumerate(model.model_fields)}
+    problems.sort(key=lambda p: order.get(p[0], len(order)))  # stable: model's order kept
+    if not problems:
+        return INVALID_ARGS, "args refused"
+    return problems[0][1], join_problems([p[2] for p in problems])
+
+
+def join_problems(texts: Sequence[str]) -> str:
+    """Problem texts as one refusal message: at most 8, then ``and N more``."""
+    return "; ".join([*texts[:8], *([f"and {len(texts) - 8} more"] if len(texts) > 8 else [])])
+
 
 OUTCOME_OK: Final = "ok"
 OUTCOME_DUPLICATE: Final = "duplicate"
@@ -566,21 +606,20 @@ def _clip(text: str, limit: int = _NAME_MAX_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _problem_text(e: Any, prefix: str = "") -> str:
+    """``key.path: message (got value)`` of one pydantic error."""
+    loc = ".".join(_clip(str(p), 40) if not isinstance(p, int) else f"[{p}]"
+                   for p in e["loc"]).replace(".[", "[")
+    path = ".".join(x for x in (prefix, loc) if x) or "<payload>"
+    got = e.get("input")
+    shown = "" if isinstance(got, dict | list) or got is None or e["type"] == "missing" \
+        else f" (got {_clip(repr(got), 60)})"
+    return f"{path}: {e['msg']}{shown}"
+
+
 def _describe(err: ValidationError, prefix: str = "") -> str:
     """One ``key.path: message (got value)`` per problem, at most 8, for the reply."""
-    problems = err.errors(include_url=False)
-    parts = []
-    for e in problems[:8]:
-        loc = ".".join(_clip(str(p), 40) if not isinstance(p, int) else f"[{p}]"
-                       for p in e["loc"]).replace(".[", "[")
-        path = ".".join(x for x in (prefix, loc) if x) or "<payload>"
-        got = e.get("input")
-        shown = "" if isinstance(got, dict | list) or got is None or e["type"] == "missing" \
-            else f" (got {_clip(repr(got), 60)})"
-        parts.append(f"{path}: {e['msg']}{shown}")
-    if len(problems) > 8:
-        parts.append(f"and {len(problems) - 8} more")
-    return "; ".join(parts)
+    return join_problems([_problem_text(e, prefix) for e in err.errors(include_url=False)])
 
 
 def _fingerprint(verb: str, args: Mapping[str, Any]) -> bytes:

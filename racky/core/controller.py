@@ -413,7 +413,7 @@ class RackyCore:
         held = cap_binding.held_trays(self.desired(), self.tray_demand_w, trays, fresh,
                                       self.gpt, self.alloc.other_share)  # a cap binds
         ev += b.update(now, "power_capped", {"": limit.limit_w} if held else [],
-                       {"": cap_binding.held_detail(held, limit.limit_w, limit.source)})
+                       {"": cap_binding.held_detail(held, limit, self.fleet_budget_w)})
         over = limit.limit_w is not None and rack_w is not None and rack_w > limit.limit_w * 1.02
         ev += b.update(now, "budget_exceeded", {"": rack_w} if over else [],
                        {"": f"{_kw(rack_w)} > {_kw(limit.limit_w)} ({limit.source})"})

@@ -123,6 +123,9 @@ class ShelfView:
     psu_derated: list[str]
     psu_temp_c: dict[str, float]
     overloaded: bool = False
+    shelves_input_reporting: int = 0
+    """Shelves whose AC input is in ``rack_input_w`` (the sum is partial below
+    ``shelves_configured``)."""
 
     @property
     def load_w(self) -> float | None:
@@ -210,6 +213,7 @@ def read_shelves(latest: Mapping[str, Mapping[str, Sample]], pts: ShelfPoints, n
         shelves_reporting=n_out, shelves_configured=len(latest), capacity_w=capacity,
         redundant_feeds=red, spare_psus=spare, offline=offline, ac_lost=ac_lost,
         psu_failed=failed, psu_derated=derated, psu_temp_c=temps, overloaded=overloaded,
+        shelves_input_reporting=n_in,
     )
 
 

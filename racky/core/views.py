@@ -131,6 +131,10 @@ def rack_power_payload(core: RackyCore, wall_ns: int) -> dict[str, Any]:
         # a partial sum (a shelf offline) would understate the rack to valvey: unknown
         "rack_power_w": None if shelves is None
         or shelves.shelves_reporting < shelves.shelves_configured else shelves.rack_power_w,
+        # the AC input (rlc's leases and a row's feed limit are on it): unknown when partial
+        "rack_input_w": None if shelves is None
+        or shelves.shelves_input_reporting < shelves.shelves_configured
+        else shelves.rack_input_w,
         "it_power_w": None if o is None else _r(o.it_power_w),
         "shelves_reporting": 0 if shelves is None else shelves.shelves_reporting,
         "shelves_configured": 0 if shelves is None else shelves.shelves_configured,

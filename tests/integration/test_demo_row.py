@@ -85,12 +85,13 @@ def test_two_racks_run_side_by_side_with_the_row_power_against_its_limit(
     points = [p for _, p in row["row_power"] if p is not None]
     assert len(points) > 20 and row["instants"] == len(row["row_power"])
     peaks = [racks[n]["racky"]["rack_power_max_w"] for n in ("r12", "r13")]
-    # the Σ at an instant is two racks' power: above either rack's peak alone at full load
-    # on both (both step up at 8 s), never above the sum of their peaks
-    assert max(peaks) < row["row_power_max_w"] <= sum(peaks) + 1.0, (row["row_power_max_w"],
+    # the Σ at an instant is two racks' AC input: above either rack's DC peak alone at full
+    # load on both (both step up at 8 s), never above the sum of their DC peaks plus the
+    # shelves' losses (a few %: 10 % allowed)
+    assert max(peaks) < row["row_power_max_w"] <= 1.1 * sum(peaks), (row["row_power_max_w"],
                                                                      peaks)
     (item,) = row["checklist"]
-    assert item["label"].startswith("row power (Σ of 2 racks' racky power) never above")
+    assert item["label"].startswith("row power (Σ of 2 racks' AC input, from racky) never")
     assert item["ok"] == (row["over_limit_instants"] == 0
                           and row["instants_missing"] <= 0.1 * row["instants"]), row
     assert f"peak {row['row_power_max_w'] / 1000:.1f} kW" in item["detail"]

@@ -60,14 +60,15 @@ def _feed(rec: Recorder, rack: str, mono: float, topic: str, payload: object) ->
 
 
 def _rack(name: str, plant_t0_mono: float, powers_w: list[float],
-          skip: tuple[int, ...] = ()) -> Recorder:
-    """A rack whose plant clock began at ``plant_t0_mono``; racky's power at plant t = 1, 2,
-    ... s (``skip``: plant seconds with no sample)."""
+          skip: tuple[int, ...] = (), dc_share: float = 1.0) -> Recorder:
+    """A rack whose plant clock began at ``plant_t0_mono``; racky's AC input at plant t = 1,
+    2, ... s (its DC output ``dc_share`` of it; ``skip``: plant seconds with no sample)."""
     rec = Recorder()
     _feed(rec, name, plant_t0_mono, "sim/telemetry/plant", {"t_s": 0.0})
     for i, w in enumerate(powers_w, start=1):
         if i not in skip:
-            _feed(rec, name, plant_t0_mono + i, "racky/state/rack_power", {"rack_power_w": w})
+            _feed(rec, name, plant_t0_mono + i, "racky/state/rack_power",
+                  {"rack_power_w": w * dc_share, "rack_input_w": w})
     return rec
 
 
@@ -96,6 +97,27 @@ def test_the_row_power_sums_the_racks_at_the_same_instant_across_their_plant_clo
     assert row_figures(pts, 240_000.0) == {
         "row_power_max_w": 250_000.0, "row_power_max_t_s": 7.0, "instants": 7,
         "instants_missing": 0, "over_limit_instants": 4}
+
+
+def test_the_row_item_sums_the_racks_ac_input_like_the_row_limit_and_the_leases() -> None:
+    """The row limit and rlc's leases are on AC input; the racks' DC output is lower by the
+    shelves' losses. Two racks at 138 kW of AC input each (134.6 kW DC at 97.5 %) against a
+    row limit of 275 kW: the DC sum (269.1 kW) would pass, the AC sum (276 kW) is above."""
+    r12 = _rack("r12", 1000.0, [138_000.0] * 5, dc_share=0.975)
+    r13 = _rack("r13", 1000.0, [138_000.0] * 5, dc_share=0.975)
+    pts = row_power([rack_power_series(r, 1000.0) for r in (r12, r13)])
+    assert {p for _, p in pts} == {276_000.0}
+    item = row_power_item(pts, 275_000.0, 2)
+    assert not item.ok and item.detail.startswith("above the limit at 5 instants"), item
+    assert "AC input" in item.label
+    dc = row_power([rack_power_series(r, 1000.0, "rack_power_w") for r in (r12, r13)])
+    assert row_power_item(dc, 275_000.0, 2).ok  # what the item used to compare
+    # a racky that does not publish its AC input: no row power, the item unchecked
+    old = Recorder()
+    _feed(old, "r14", 1000.0, "sim/telemetry/plant", {"t_s": 0.0})
+    _feed(old, "r14", 1001.0, "racky/state/rack_power", {"rack_power_w": 1.0})
+    assert rack_power_series(old, 1000.0) == []
+    assert not row_power_item(row_power([rack_power_series(r12, 1000.0), []]), 1e9, 2).ok
 
 
 def test_an_instant_without_a_fresh_sample_of_every_rack_has_no_row_power() -> None:
@@ -138,13 +160,13 @@ def test_the_live_view_shows_a_line_per_rack_and_the_row_against_its_limit() -> 
     line13 = next(x for x in text.splitlines() if " r13 " in x)
     assert "120.0/140.0" in line13
     assert "r12: racky:link_flapping:gpu07-nic1" in text and "r13: none" in text
-    assert "row: Σ rack power 250.0 kW / row limit 280 kW" in text
+    assert "row: Σ rack AC input 250.0 kW / row limit 280 kW" in text
     assert "r12: alarm racky:link_flapping:gpu07-nic1 raised" in text
     # a rack whose last power is stale (racky silent 3 s of its plant time): no Σ shown
     _feed(r13, "r13", 1008.0, "sim/telemetry/plant", {"t_s": 8.0, "rack_power_w": 1.0})
     console = Console(record=True, width=200)
     console.print(row_view([("r12", r12), ("r13", r13)], 280_000.0, 5.0, 60.0, "connected", ""))
-    assert "row: Σ rack power — kW" in console.export_text()
+    assert "row: Σ rack AC input — kW" in console.export_text()
 
 
 def test_the_row_plot_stacks_each_rack_at_its_last_sample() -> None:
@@ -158,12 +180,13 @@ def test_the_row_summary_names_each_rack_and_the_row_item() -> None:
     from harness.demo import DemoSummary, RackySummary, RowSummary
     from harness.demo.row import rack_lines, row_markdown
 
-    def rack(name: str, oks: list[bool], alarms: list[str], lc: str) -> DemoSummary:
+    def rack(name: str, oks: list[bool], alarms: list[str], lc: str,
+             rc: int | None = 0) -> DemoSummary:
         return DemoSummary(
             scenario="demo-load-step", duration_s=170.0, steps=[], points_spooled=1,
             spool_dir="s", valvey_exit_code=0, alarms_raised=alarms, plot=None, trace_csv="t",
-            run_dir=name, max_gpu_tj_c=None, rack=name,
-            racky=RackySummary(lc, None, 1.0, 1, "8/8", 1.0, 1.0, "budget", 0.0),
+            run_dir=name, max_gpu_tj_c=None, rack=name, tray_agent_exit_code=rc,
+            racky=RackySummary(lc, None, 1.0, 1, "8/8", 1.0, 1.0, "budget", 0.0, exit_code=0),
             checklist=[{"label": f"item {i}", "ok": ok, "detail": "d"}
                        for i, ok in enumerate(oks)])
 
@@ -172,14 +195,16 @@ def test_the_row_summary_names_each_rack_and_the_row_item() -> None:
         racks=[rack("r12", [True, True, False], ["105 s racky:link_flapping:gpu07-nic1 raised",
                                                  "120 s racky:link_flapping:gpu07-nic1 cleared"],
                     "quarantined"),
-               rack("r13", [True], [], "production")],
+               rack("r13", [True], [], "production", rc=-9)],
         row_limit_w=280_000.0, budgets_w={"r12": 140_000.0, "r13": 140_000.0},
         checklist=[item.as_dict()], plot="row.png", run_dir="run",
         coordination="row without rlc: x", **row_figures([(1.0, 250_000.0)], 280_000.0))
     assert rack_lines(s) == [
         "r12: 2/3 checklist items checked; lifecycle quarantined; alarms raised: "
-        "racky:link_flapping:gpu07-nic1",
-        "r13: 1/1 checklist items checked; lifecycle production; alarms raised: none"]
+        "racky:link_flapping:gpu07-nic1; exit codes after SIGTERM: valvey 0, racky 0, "
+        "tray agent 0",
+        "r13: 1/1 checklist items checked; lifecycle production; alarms raised: none; exit "
+        "codes after SIGTERM: valvey 0, racky 0, tray agent -9"]
     md = row_markdown(s)
     assert md.index("## rack r12") < md.index("## rack r13") < md.index("## the row (2 racks)")
     assert f"- [x] {item.label}: {item.detail}" in md

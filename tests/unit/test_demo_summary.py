@@ -4,6 +4,7 @@ from MQTT messages fed through the demo's own `Recorder`."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from harness.demo import Recorder
@@ -116,3 +117,45 @@ def test_accepted_refused_and_unanswered_commands_are_named_apart() -> None:
             "shelve_alarm, 40 s operator → valvey set_setpoint; 1 refused: 30 s operator → "
             "racky set_lifecycle (not_authorized); 1 with no reply seen: 50 s operator → racky "
             "shelve_alarm; the figures above include the effects of the 2 accepted only") in text
+
+
+def test_the_tray_agent_s_exit_code_is_the_simulator_process_s_after_sigterm(
+        tmp_path: Path) -> None:
+    """The trays report through the real tray agent in each rack's simulator process
+    (harness.simagent): its exit code after SIGTERM is in the rack's summary beside valvey's
+    and racky's, taken from the process when the demo stops the rack."""
+    import asyncio
+    import sys
+
+    from rich.console import Console
+
+    from harness.demo.racks import DemoRack, stop_rack
+    from harness.demo.summary import print_summary
+    from sims.scenario import load_scenario
+
+    async def run() -> DemoRack:
+        rack = DemoRack("r12", tmp_path, load_scenario("demo-load-step"), "demo-load-step",
+                        0, 0, 140_000.0)
+        # stands in for the simulator: exits 3 on SIGTERM (the real one: 0)
+        rack.sim = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))\n"
+            "print('up', flush=True)\ntime.sleep(60)", stdout=asyncio.subprocess.PIPE)
+        assert rack.sim.stdout is not None
+        await rack.sim.stdout.readline()  # the handler is installed
+        await stop_rack(rack)
+        return rack
+
+    rack = asyncio.run(run())
+    assert rack.sim_rc == 3 and rack.valvey_rc is None
+    s = DemoSummary(scenario="demo-load-step", duration_s=60.0, steps=[], points_spooled=0,
+                    spool_dir="-", valvey_exit_code=0, alarms_raised=[], plot=None,
+                    trace_csv="-", run_dir="-", max_gpu_tj_c=None,
+                    tray_agent_exit_code=rack.sim_rc)
+    line = "Tray agent (in the simulator's process) exit code after SIGTERM: 3."
+    assert line in summary_markdown(s)
+    console = Console(record=True, width=200)
+    print_summary(s, console)
+    assert line in console.export_text()
+    s.tray_agent_exit_code = None
+    assert "exit code after SIGTERM: — (not started)" in summary_markdown(s)

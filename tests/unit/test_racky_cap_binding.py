@@ -10,8 +10,9 @@ import numpy as np
 
 from harness.lockstep_racky import run_racky
 from racky.core.agent_settings import DesiredTray
-from racky.core.cap_binding import held_detail, held_trays, tray_cap_w
+from racky.core.cap_binding import HeldTray, held_detail, held_trays, tray_cap_w
 from racky.core.controller import RackyCore
+from racky.core.power import LimitState
 from racky.core.telemetry import AgentReading, TrayReading
 from sims.scenario import ScenarioRun, load_scenario
 
@@ -70,12 +71,35 @@ def test_a_protective_per_gpu_cap_counts_as_tray_power_and_is_named() -> None:
     assert tray_cap_w(d, 4, 0.5) == 4 * 800.0 * 1.5
     held = held_trays([d], np.array([5000.0]), {0: _reading(0)}, np.array([True]), 4, 0.5)
     assert [h[0] for h in held] == [0]
-    text = held_detail(held, None, "none")
+    text = held_detail(held, LimitState())
     assert "no rack limit" in text and "tray protection" in text and "tray00" in text
-    text = held_detail([(1, 5000.0, 4000.0, False), (2, 5500.0, 4000.0, False)], 120_000.0,
-                       "budget")
-    assert text == ("limit 120.0 kW from budget; 2 tray(s) held at their caps (tray01, tray02): "
-                    "demand 10.5 kW against caps 8.0 kW")
+    text = held_detail([HeldTray(1, 5000.0, 4000.0, False), HeldTray(2, 5500.0, 4000.0, False)],
+                       LimitState(120_000.0, "budget", {"budget": 120_000.0}))
+    assert text == ("limit 120.0 kW from budget (the rack budget); 2 tray(s) held at their caps "
+                    "(tray01, tray02): 2 trays demand 10.5 kW at or above caps 8.0 kW")
+
+
+def test_a_tray_capped_by_its_agent_below_racky_s_estimate_never_reads_demand_below_caps(
+        ) -> None:
+    """The new-user trial's detail: an agent reporting its cap acting (sw_power_cap) while
+    racky's demand estimate of the tray sat under the cap read "demand 3.6 kW against caps
+    4.0 kW" under "rack power held below demand", which contradicts itself. Now such a tray
+    is named as capping by its agent's report, the limits in force named (the budget is rlc's
+    row lease here, a derating request above it)."""
+    caps = [DesiredTray(power_cap_w=4000.0), DesiredTray(power_cap_w=4000.0)]
+    r = {0: _reading(0, sw_power_cap=True), 1: _reading(1)}
+    held = held_trays(caps, np.array([3600.0, 4400.0]), r, np.array([True, True]), 4, 0.5)
+    assert [(h.tray, h.agent_capping) for h in held] == [(0, True), (1, False)]
+    limit = LimitState(60_000.0, "budget", {"budget": 60_000.0, "requested:valvey": 70_000.0})
+    text = held_detail(held, limit, fleet_budget_w=60_000.0)
+    assert "demand 3.6" not in text and "against caps" not in text, text
+    assert text == ("limit 60.0 kW from budget (the rack budget: rlc's row lease); also in "
+                    "force: requested:valvey 70.0 kW; 2 tray(s) held at their caps (tray00, "
+                    "tray01): 1 tray demand 4.4 kW at or above caps 4.0 kW; 1 tray reported "
+                    "capping by its agent (the GPUs' power cap acts) at caps 4.0 kW")
+    only = held_detail(held[:1], LimitState(110_000.0, "requested:valvey",
+                                            {"requested:valvey": 110_000.0}))
+    assert "valvey's derating request" in only and "demand" not in only, only
 
 
 def test_the_core_raises_power_capped_only_once_the_limit_binds() -> None:

@@ -297,6 +297,30 @@ def test_rack_power_for_valvey_is_unknown_while_a_shelf_is_offline() -> None:
     assert (pay["shelves_reporting"], pay["shelves_configured"]) == (1, 2)
 
 
+def test_rack_power_publishes_the_shelves_ac_input_only_when_every_shelf_reports_it() -> None:
+    """``state/rack_power.rack_input_w``: the shelves' AC input, what rlc's leases and a
+    row's feed limit are on (the demo's row item compares it with the row limit); a shelf
+    without its input reading leaves it unknown, never a partial sum."""
+    from racky.commands import RackPowerState
+    from racky.config import RackyConfig
+    from racky.core.controller import RackyCore, RackyInputs
+    from racky.core.lifecycle import Lifecycle, PersistedState
+
+    pts = ShelfPoints()
+    core = RackyCore(RackyConfig(), 0.0, PersistedState(Lifecycle("production")))
+    both = {"shelf1": _shelf(pts, 1.0, 60_000.0, **{pts.input_power: 61_500.0}),
+            "shelf2": _shelf(pts, 1.0, 61_000.0, **{pts.input_power: 62_600.0})}
+    core.step(1.0, RackyInputs(both, {}, None, None), 1)
+    pay = core.rack_power_payload(1)
+    assert (pay["rack_power_w"], pay["rack_input_w"]) == (121_000.0, 124_100.0)
+    RackPowerState.model_validate(pay)
+    one_in = {"shelf1": _shelf(pts, 2.0, 60_000.0, **{pts.input_power: 61_500.0}),
+              "shelf2": _shelf(pts, 2.0, 61_000.0)}
+    core.step(2.0, RackyInputs(one_in, {}, None, None), 2)
+    pay = core.rack_power_payload(2)
+    assert pay["rack_power_w"] == 121_000.0 and pay["rack_input_w"] is None
+
+
 # --- node-agent contract v1: the command on the wire, the caps' TTL refresh --------------------
 
 
