@@ -549,6 +549,12 @@ class CapacityGuard:
             return None
         return "restored" if self._k_restored and self._k_own < _K_SEED_N else "measured"
 
+    @property
+    def k_open_samples(self) -> int:
+        """Valve-open samples this run has averaged into ``k_open`` since the last restore or
+        forget: grows with each measurement confirming it (valvey.learned_age)."""
+        return self._k_own
+
     def restore_k_open(self, k_kw_per_k: float, window: tuple[float, float]) -> bool:
         """Lay a saved valve-open conductance [kW/K] over the unmeasured one: taken (True)
         only when finite and within ``window`` (`k_open_window`). This run's first valve-open

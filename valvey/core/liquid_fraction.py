@@ -72,6 +72,12 @@ class LiquidFraction:
         return self._ratio.n >= self.s.liquid_steady_s / 4.0
 
     @property
+    def own_samples(self) -> int:
+        """Steady ratios this run has averaged in since the last `forget` / `restore`: grows
+        with each measurement confirming the value (valvey.learned_age)."""
+        return self._own
+
+    @property
     def value(self) -> float:
         """The fraction in use (0-1): learned (or restored), else the configured one."""
         r = self._ratio.value
