@@ -247,3 +247,31 @@ async def test_the_daemon_saves_the_times_and_logs_each_value_at_start(tmp_path:
     assert len(sup) == 1 and {_name(s) for s in sup[0]["superseded"]} == {
         "liquid_fraction", "k_open_kw_per_k"}
     assert late.core.capacity.k_open is None
+
+
+def test_a_pair_standby_takes_the_actives_times_and_applies_the_same_rule(
+        tmp_path: Path) -> None:
+    def cfg(name: str) -> ValveyConfig:
+        return ValveyConfig.model_validate({"spool": {"directory": str(tmp_path / name)}})
+
+    active = _app(cfg("a"), T0)
+    _run_plant(active.core, 200)
+    record = active.sync_state()
+    assert record["command"]["learned"]["confirmed_wall_s"] == {
+        "liquid_fraction": T0, "k_open_kw_per_k": T0}
+
+    standby = _app(cfg("b"), T0 + 3600)
+    standby.apply_sync_state(record, standby.clock.monotonic())
+    assert standby.core.capacity.k_open_source == "restored"
+    # its next save (after a takeover) carries the active's times, not its own
+    learned = standby._command_state().learned
+    assert learned is not None and dict(learned.confirmed_wall_s) == {
+        "liquid_fraction": T0, "k_open_kw_per_k": T0}
+
+    late = _app(cfg("c"), T0 + 40 * DAY)  # the active kept a value it no longer confirms
+    with structlog.testing.capture_logs() as logs:
+        late.apply_sync_state(record, late.clock.monotonic())
+    assert late.core.capacity.k_open is None
+    sup = [e for e in logs if e["event"] == "pair_sync_superseded"]
+    assert sup and {_name(s) for s in sup[0]["superseded"]} == {
+        "liquid_fraction", "k_open_kw_per_k"}
