@@ -209,6 +209,11 @@ def test_a_commissioning_runs_strokes_count_as_measured() -> None:
     core.valves.restore_learned({"a": 81.0}, measured=True)
     ages.observe(core)
     assert LearnedState.of(core, ages).confirmed_wall_s == (("valve_stroke_s.a", T0),)
+    core.reset_learned()
+    ages.observe(core)
+    core.valves.restore_learned({"a": 80.0})  # forgotten, then laid over: still no stamp
+    ages.observe(core)
+    assert LearnedState.of(core, ages).confirmed_wall_s == ()
 
 
 @pytest.mark.parametrize("stamps", [[1], {"k_open_kw_per_k": "yesterday"},

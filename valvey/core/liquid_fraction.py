@@ -9,7 +9,8 @@ rack and the pipes, and a warming loop stores heat), averaged, and used only wit
 that window, the configured ``liquid_fraction`` is the fallback.
 
 Persisted by the daemon (valvey.persist: `LiquidFraction.saved`, `LiquidFraction.restore`,
-within the same window) so a restart does not fall back to the configured value for minutes;
+within the same window, and only while confirmed within ``control.learned_max_age_s``:
+valvey.learned_age) so a restart does not fall back to the configured value for minutes;
 ``reset_learned`` forgets it (`LiquidFraction.forget`). Published in ``state/safety``
 (``liquid_fraction``, ``liquid_fraction_learned``, ``liquid_fraction_source``: configured,
 restored from the file, or learned this run) and the ``cdu`` telemetry line.

@@ -498,6 +498,7 @@ class ValveManager:
         for c in self._checks:
             c.stroke_s = c.rest_offset = c.rest_band = None
             c.seg_dist = c.seg_t = 0.0
+            c.stroke_n = c.rest_n = 0
 
     def _spare(self) -> int | None:
         if not self.s.second_valve:
