@@ -50,6 +50,7 @@ from rackplane.io.statefile import StateFileError
 from rackplane.settings import environment_checks, spool_folder
 from valvey.commands import VALVEY_OUTPUTS, register_valvey_commands
 from valvey.config import ValveyConfig, check_points_against_map, required_parts
+from valvey.learned_age import LearnedAges
 from valvey.pair import EpochClaimer
 from valvey.persist import (
     CommandState,
@@ -210,6 +211,9 @@ class Valvey(DaemonFrame[ValveyConfig]):
         self._sync_refused: str | None = None
         self._sync_superseded: list[str] = []
         self._synced_learned: LearnedState | None = None
+        # when each learned value was last confirmed (valvey.learned_age); wall-clock: the
+        # ages must survive a restart (a saved time in the future: age unknown)
+        self.learned_ages = LearnedAges(lambda: self.clock.wall_ns() / 1e9)
         # The setpoint and loop mode set by command survive a restart (valvey.persist).
         # the owner names the rack whole (site/row/rack): racks of one name in two rows must
         # never take each other's setpoint, manual output or learned valve map
@@ -338,13 +342,17 @@ class Valvey(DaemonFrame[ValveyConfig]):
             return None
         restored, superseded = apply_command_state(self.core.loop, self.cfg.supply_loop, saved)
         if saved.learned is not None:  # what the controller learned of its plant (issue 21)
-            got, dropped = apply_learned(self.core, saved.learned)
+            got, dropped = apply_learned(self.core, saved.learned, self.learned_ages)
             restored += got
             superseded += dropped
         if restored:
+            ages = {} if saved.learned is None else saved.learned.ages_s(
+                self.learned_ages.wall_s())
+            names = [n.split(":")[0] for n in restored]
             self.log.info("command_state_restored", restored=restored,
                           setpoint_c=self.core.loop.setpoint_c, shadow=self.core.loop.shadow,
                           manual_output_pct=self.core.loop.manual_target_pct,
+                          learned_age_s={n: ages[n] for n in names if n in ages},
                           path=str(self.statefile.path))
         if superseded:
             self.log.warning("command_state_superseded", superseded=superseded,
@@ -354,8 +362,9 @@ class Valvey(DaemonFrame[ValveyConfig]):
 
     def _command_state(self) -> CommandState:
         """What is saved now: the command state and what the core learned."""
+        self.learned_ages.observe(self.core)
         return CommandState.of(self._owner, self.core.loop, self.cfg.supply_loop,
-                               LearnedState.of(self.core))
+                               LearnedState.of(self.core, self.learned_ages))
 
     def _persist_tick(self, now: float) -> None:
         """Save the command state when it changed (one save in flight, off the event loop;
@@ -460,7 +469,7 @@ class Valvey(DaemonFrame[ValveyConfig]):
         changed, superseded = sync_command_state(loop, self.cfg.supply_loop, synced)
         if synced.learned is not None and synced.learned != self._synced_learned:
             self._synced_learned = synced.learned
-            got, dropped = apply_learned(self.core, synced.learned)
+            got, dropped = apply_learned(self.core, synced.learned, self.learned_ages)
             changed += got
             superseded += dropped
         pct = state.get("command_pct")

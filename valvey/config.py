@@ -163,6 +163,17 @@ class ControlSettings(StrictModel):
         "spool folder ($STATE_DIRECTORY under systemd); relative: in $STATE_DIRECTORY or the "
         "working directory"
     )
+    learned_max_age_s: float = Field(
+        30 * 86400.0, ge=3600, le=366 * 86400, description="what valvey learned of its "
+        "plant (state file, valvey.learned_age) is restored as fresh at start only while last "
+        "confirmed by a measurement at most this long ago, s (wall clock); older, or of "
+        "unknown age (a file of an older build, a time in the future): the valve strokes, "
+        "liquid fraction and exchanger k_open are dropped and re-learned (an old k_open could "
+        "overstate the capacity), the feedforward map and commissioning gains kept as a "
+        "starting point. 30 days: fouling and actuator wear change a plant over weeks to "
+        "months, a normal month re-confirms what the plant exercises, and a restart (update, "
+        "reboot) keeps values that recent"
+    )
 
     @model_validator(mode="after")
     def _tick(self) -> ControlSettings:

@@ -30,7 +30,10 @@ folder apart). Its ``data``::
        "exchanger": {                            # measured valve-open conductance, or null
          "k_open_kw_per_k": 11.93,               # kW/K (4 digits, saved in 1 % steps)
          "file_cdu": "10.0.4.21:502/1",          # cdu host:port/unit_id then (or serial:…)
-         "file_points": ["heat_removed_kw", "return_temp_c", "facility_supply_temp_c"]}}}
+         "file_points": ["heat_removed_kw", "return_temp_c", "facility_supply_temp_c"]},
+       "confirmed_wall_s": {                     # when each was last confirmed by a
+         "valve_stroke_s.a": 1764680000,         # measurement: s since the Unix epoch
+         "ff_map_pct": 1764683600, "k_open_kw_per_k": 1764690000, ...}}}  # (valvey.learned_age)
 
 **Learned values** are restored at start (`apply_learned`) unless the configured
 ``feedforward.valve_map`` changed since they were learned (the file wins: an operator who
@@ -59,6 +62,16 @@ in for an unset ``capacity.rack_max_power_w`` and must never exceed the rack's t
 a rack swapped during the restart would break that), the estimate's correction and a stuck
 valve's conductance (transients).
 
+**Age** (`valvey.learned_age`): each learned value is restored as above only while it was
+last confirmed by a measurement at most ``control.learned_max_age_s`` ago (30 days by
+default; wall clock: the stamps survive a restart); one older, or of unknown age (no stamp: a
+file saved before the stamps existed; a stamp in the future: the clock stepped back), is
+dropped and re-learned (valve strokes and rest characteristic, liquid fraction, ``k_open``: an
+old one could overstate the capacity) or restored as a starting point only (the feedforward
+map, commissioning gains), keeping its old stamp. Each value is logged at start: restored
+(``command_state_restored``, its age in ``learned_age_s``), kept as a starting point (in
+``restored``, with why), dropped for age or for a config change (``command_state_superseded``).
+
 Keys added to ``learned`` keep the format at version 1: a file without them (an older
 build's) restores nothing of them, and an older build reading a newer file ignores them.
 
@@ -79,7 +92,8 @@ them (holders re-acquire).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +106,7 @@ from valvey.core.commissioning import Accepted
 from valvey.core.controller import ValveyCore
 from valvey.core.supply_loop import SupplyLoop
 from valvey.core.supply_loop_settings import SupplyLoopSettings
+from valvey.learned_age import WHEN_OLD, LearnedAges, age_s, describe_age, kind_of
 
 STATE_FORMAT = "valvey-state"
 STATE_VERSION = 1
@@ -211,10 +226,39 @@ class LearnedState:
     commissioned: Accepted | None = None
     liquid_fraction: LearnedLiquid | None = None
     exchanger: LearnedExchanger | None = None
+    confirmed_wall_s: tuple[tuple[str, int], ...] = ()
 
     @classmethod
-    def of(cls, core: ValveyCore) -> LearnedState:
-        """The core's learned values now."""
+    def of(cls, core: ValveyCore, ages: LearnedAges | None = None) -> LearnedState:
+        """The core's learned values now, with their confirmation stamps from ``ages``
+        (None: none, as a simulation that never restarts)."""
+        st = cls._of(core)
+        return st if ages is None else replace(
+            st, confirmed_wall_s=ages.stamps(st.value_names()))
+
+    def value_names(self) -> list[str]:
+        """The names of the values present (as in ``confirmed_wall_s``)."""
+        names = [f"valve_stroke_s.{k}" for k, _ in self.valve_stroke_s]
+        names += [f"valve_rest_pct.{k}" for k, _, _ in self.valve_rest_pct]
+        for name, v in (("ff_map_pct", self.ff_map_pct), ("commissioned", self.commissioned),
+                        ("liquid_fraction", self.liquid_fraction),
+                        ("k_open_kw_per_k", self.exchanger)):
+            if v is not None:
+                names.append(name)
+        return names
+
+    def ages_s(self, wall_s: float) -> dict[str, int | None]:
+        """Age of each value present at wall time ``wall_s`` [s since the epoch], whole s;
+        None: unknown (`valvey.learned_age.age_s`)."""
+        st = dict(self.confirmed_wall_s)
+        out: dict[str, int | None] = {}
+        for n in self.value_names():
+            a = age_s(st.get(n), wall_s)
+            out[n] = None if a is None else round(a)
+        return out
+
+    @classmethod
+    def _of(cls, core: ValveyCore) -> LearnedState:
         ff = core.ff
         vm = ff.settings.valve_map
         liq = core.capacity.liquid.saved
@@ -245,7 +289,8 @@ class LearnedState:
                 "exchanger": None if self.exchanger is None else {
                     "k_open_kw_per_k": self.exchanger.k_open_kw_per_k,
                     "file_cdu": self.exchanger.file_cdu,
-                    "file_points": list(self.exchanger.file_points)}}
+                    "file_points": list(self.exchanger.file_points)},
+                "confirmed_wall_s": dict(self.confirmed_wall_s)}
 
     @classmethod
     def from_data(cls, data: Any) -> LearnedState:
@@ -271,7 +316,19 @@ class LearnedState:
                    None if m is None else _nums(m, "ff_map_pct"),
                    tuple(sorted((k, float(v[0]), float(v[1])) for k, v in rest.items())),
                    _commissioned(data.get("commissioned")),
-                   _liquid(data.get("liquid_fraction")), _exchanger(data.get("exchanger")))
+                   _liquid(data.get("liquid_fraction")), _exchanger(data.get("exchanger")),
+                   _stamps(data.get("confirmed_wall_s", {})))
+
+
+def _stamps(v: Any) -> tuple[tuple[str, int], ...]:
+    """Parse ``learned.confirmed_wall_s`` (absent in files of older builds: ``{}``). Raises
+    ValueError for a wrong shape (a stamp out of any clock's range is kept: age unknown)."""
+    if not isinstance(v, dict) or len(v) > 64 or any(
+            not isinstance(k, str) or len(k) > 100 or not _number(x) or not math.isfinite(x)
+            for k, x in v.items()):
+        raise ValueError("learned.confirmed_wall_s: expected {name: seconds since the epoch}, "
+                         f"got {v!r}")
+    return tuple(sorted((k, int(x)) for k, x in v.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,22 +426,86 @@ def _commissioned(v: Any) -> Accepted | None:
     return (f[0], f[1], f[2], f[3], f[4], f[5])  # type: ignore[return-value]
 
 
-def apply_learned(core: ValveyCore, saved: LearnedState) -> tuple[list[str], list[str]]:
-    """Lay saved learned values over a freshly built core (module docstring).
+_RELEARNED = {
+    "valve_stroke_s": "re-learned from the valve's travel (the cold prior meanwhile)",
+    "valve_rest_pct": "re-learned at rest",
+    "liquid_fraction": "re-learned at steady state (capacity.liquid_fraction meanwhile)",
+    "k_open_kw_per_k": "re-measured when the valve is next fully open (racky's table "
+                       "meanwhile)",
+}
+
+
+class _AgeRule:
+    """`apply_learned`'s age rule (`valvey.learned_age`): ``old(name)`` says why a value is
+    not fresh (None: fresh, or no rule), ``keep`` collects the stamps of what was restored."""
+
+    def __init__(self, core: ValveyCore, saved: LearnedState, ages: LearnedAges | None):
+        self.on = ages is not None
+        self.wall_s = ages.wall_s() if ages is not None else 0.0
+        self.max_age_s = core.cfg.control.learned_max_age_s
+        self.saved = dict(saved.confirmed_wall_s)
+        self.kept: dict[str, int] = {}
+
+    def old(self, name: str) -> str | None:
+        if not self.on:
+            return None
+        age = age_s(self.saved.get(name), self.wall_s)
+        if age is not None and age <= self.max_age_s:
+            return None
+        over = "" if age is None else (
+            f", over control.learned_max_age_s ({self.max_age_s:.0f} s)")
+        return describe_age(age) + over
+
+    def dropped(self, name: str) -> str | None:
+        """The superseded entry of a value dropped for its age (None: not dropped)."""
+        why = self.old(name)
+        if why is None or WHEN_OLD[kind_of(name)] != "drop":
+            return None
+        return f"{name}: {why}: dropped, {_RELEARNED[kind_of(name)]}"
+
+    def restored(self, name: str) -> str:
+        """The restored entry of a value laid over the core (its stamp kept when known)."""
+        stamp = self.saved.get(name)
+        if stamp is not None and age_s(stamp, self.wall_s) is not None:
+            self.kept[name] = stamp
+        why = self.old(name)
+        return name if why is None else f"{name}: {why}: kept as a starting point only"
+
+
+def apply_learned(core: ValveyCore, saved: LearnedState,
+                  ages: LearnedAges | None = None) -> tuple[list[str], list[str]]:
+    """Lay saved learned values over a freshly built core (module docstring), each only while
+    it is of at most ``control.learned_max_age_s`` (`valvey.learned_age`; ``ages`` None: no
+    age rule, a simulation laying its own values over a fresh core); ``ages`` then adopts the
+    stamps of what was restored.
 
     Returns:
-        (restored, superseded): names of what was restored, and of what was dropped and why.
+        (restored, superseded): names of what was restored (``name: why`` for one kept as a
+        starting point only), and of what was dropped and why.
     """
+    rule = _AgeRule(core, saved, ages)
     restored: list[str] = []
     superseded: list[str] = []
-    strokes = dict(saved.valve_stroke_s)
+    strokes: dict[str, float] = {}
+    for n, v in saved.valve_stroke_s:
+        drop = rule.dropped(f"valve_stroke_s.{n}")
+        if drop is not None:
+            superseded.append(drop)
+        else:
+            strokes[n] = v
     got = core.valves.restore_learned(strokes)
-    restored += [f"valve_stroke_s.{n}" for n in got]
+    restored += [rule.restored(f"valve_stroke_s.{n}") for n in got]
     superseded += [f"valve_stroke_s.{n}: unknown valve or outside the bounds"
                    for n in strokes if n not in got]
-    rest = {k: (o, b) for k, o, b in saved.valve_rest_pct}
+    rest: dict[str, tuple[float, float]] = {}
+    for n, o, b in saved.valve_rest_pct:
+        drop = rule.dropped(f"valve_rest_pct.{n}")
+        if drop is not None:
+            superseded.append(drop)
+        else:
+            rest[n] = (o, b)
     got = core.valves.restore_learned_rest(rest)
-    restored += [f"valve_rest_pct.{n}" for n in got]
+    restored += [rule.restored(f"valve_rest_pct.{n}") for n in got]
     superseded += [f"valve_rest_pct.{n}: unknown valve or outside the bounds"
                    for n in rest if n not in got]
     if saved.ff_map_pct is not None:
@@ -393,31 +514,36 @@ def apply_learned(core: ValveyCore, saved: LearnedState) -> tuple[list[str], lis
                 or saved.ff_map_prior_pct != tuple(float(p[1]) for p in vm)):
             superseded.append("ff_map_pct: feedforward.valve_map changed since")
         elif core.ff.restore_map(list(saved.ff_map_pct)):
-            restored.append("ff_map_pct")
+            restored.append(rule.restored("ff_map_pct"))
         else:
             superseded.append("ff_map_pct: outside the bounds of feedforward.adapt_*")
     if saved.commissioned is not None:
         if core.commissioning.restore(core, saved.commissioned):
-            restored.append("commissioned")
+            restored.append(rule.restored("commissioned"))
         else:
             superseded.append("commissioned: the configured gains changed since, or outside "
                               "the commissioning bounds")
-    _apply_capacity(core, saved, restored, superseded)
+    _apply_capacity(core, saved, rule, restored, superseded)
+    if ages is not None:
+        ages.adopt(core, rule.kept)
     return restored, superseded
 
 
-def _apply_capacity(core: ValveyCore, saved: LearnedState, restored: list[str],
-                    superseded: list[str]) -> None:
+def _apply_capacity(core: ValveyCore, saved: LearnedState, rule: _AgeRule,
+                    restored: list[str], superseded: list[str]) -> None:
     """`apply_learned`'s part for the capacity guard: the liquid fraction and the exchanger's
     valve-open conductance (module docstring)."""
     lf = saved.liquid_fraction
     if lf is not None:
         cap = core.cfg.capacity
+        drop = rule.dropped("liquid_fraction")
         if (lf.file_liquid_fraction, lf.file_inputs) != _liquid_basis(core):
             superseded.append("liquid_fraction: capacity.liquid_fraction or its inputs "
                               "(points.heat_removed, safety.rack_power) changed since")
+        elif drop is not None:
+            superseded.append(drop)
         elif core.capacity.liquid.restore(lf.value):
-            restored.append("liquid_fraction")
+            restored.append(rule.restored("liquid_fraction"))
         else:
             superseded.append(f"liquid_fraction: {lf.value:g} outside capacity.liquid_fraction_"
                               f"min..max [{cap.liquid_fraction_min:g}, "
@@ -425,11 +551,14 @@ def _apply_capacity(core: ValveyCore, saved: LearnedState, restored: list[str],
     ex = saved.exchanger
     if ex is not None:
         lo, hi = _k_window(core)
+        drop = rule.dropped("k_open_kw_per_k")
         if (ex.file_cdu, ex.file_points) != _exchanger_basis(core):
             superseded.append("k_open_kw_per_k: the CDU (cdu.host, port, unit_id, "
                               "serial_port) or its heat, return or facility point changed since")
+        elif drop is not None:
+            superseded.append(drop)
         elif core.capacity.restore_k_open(ex.k_open_kw_per_k, (lo, hi)):
-            restored.append("k_open_kw_per_k")
+            restored.append(rule.restored("k_open_kw_per_k"))
         else:
             superseded.append(f"k_open_kw_per_k: {ex.k_open_kw_per_k:g} outside its "
                               f"plausibility window [{lo:.3g}, {hi:.3g}] kW/K")

@@ -168,7 +168,8 @@ def commission(scenario: Scenario, variant: str | None, model: Literal["rack", "
 def commissioned_run(scenario: Scenario, learned: dict[str, Any] | None,
                      cfg: ValveyConfig | None = None, **kw: Any) -> LockstepResult:
     """`run_valvey` with the saved ``learned`` state laid over the fresh core at the start
-    (`valvey.persist.apply_learned`, as at a daemon restart); None: cold."""
+    (`valvey.persist.apply_learned`, as at a daemon restart, without its age rule: the values
+    were learned by a simulation of this same session); None: cold."""
     done: list[bool] = []
 
     def restore(run: ScenarioRun, core: ValveyCore, t_s: float, now: float) -> None:

@@ -156,6 +156,9 @@ async def test_command_setpoint_survives_a_daemon_restart(
         doc["data"]["learned"]["exchanger"] = {
             "k_open_kw_per_k": 10.2, "file_cdu": f"127.0.0.1:{modbus_port}/1",
             "file_points": ["heat_removed_kw", "return_temp_c", "facility_supply_temp_c"]}
+        # confirmed an hour ago (valvey.learned_age: without a time their age is unknown)
+        doc["data"]["learned"]["confirmed_wall_s"] = dict.fromkeys(
+            ("liquid_fraction", "k_open_kw_per_k"), int(time.time()) - 3600)
         path.write_text(json.dumps(doc))
 
         valvey = valvey_proc(tmp_path, cfg).start()  # the restart

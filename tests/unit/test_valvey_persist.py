@@ -207,6 +207,9 @@ async def test_learned_stroke_and_feedforward_map_survive_a_restart(tmp_path: Pa
     assert app.core.valves.restore_learned({"a": 118.74}) == ["a"]
     assert app.core.ff.restore_map(LEARNED_MAP)
     assert app.core.valves.restore_learned_rest({"a": [0.31, 0.52]}) == ["a"]
+    # as if measured just now (valvey.learned_age: an unconfirmed value is of unknown age)
+    app.learned_ages.adopt(app.core, dict.fromkeys(
+        ("valve_stroke_s.a", "ff_map_pct", "valve_rest_pct.a"), app.clock.wall_ns() // 10**9))
     app._persist_tick(app.clock.monotonic())
     assert app._save_task is not None
     await app._save_task

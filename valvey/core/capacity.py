@@ -64,7 +64,9 @@ so a restart does not leave racky on its table until the valve is next fully ope
 as a 10 s average once this run's first valve-open sample confirms it (within 3 %), else
 that sample replaces it (the exchanger changed meanwhile: this run's samples only).
 ``supply_loop.capacity_w_per_k_source`` says ``restored`` until this run has measured it
-(then ``measured``); ``reset_learned`` forgets it (`CapacityGuard.forget_k_open`).
+(then ``measured``); ``reset_learned`` forgets it (`CapacityGuard.forget_k_open`). One last
+confirmed longer ago than ``control.learned_max_age_s``, or of unknown age, is not restored
+(valvey.learned_age: measured before the exchanger fouled, it would overstate the capacity).
 """
 
 from __future__ import annotations
@@ -548,6 +550,12 @@ class CapacityGuard:
         if self.k_open is None:
             return None
         return "restored" if self._k_restored and self._k_own < _K_SEED_N else "measured"
+
+    @property
+    def k_open_samples(self) -> int:
+        """Valve-open samples this run has averaged into ``k_open`` since the last restore or
+        forget: grows with each measurement confirming it (valvey.learned_age)."""
+        return self._k_own
 
     def restore_k_open(self, k_kw_per_k: float, window: tuple[float, float]) -> bool:
         """Lay a saved valve-open conductance [kW/K] over the unmeasured one: taken (True)

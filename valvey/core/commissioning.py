@@ -210,6 +210,7 @@ class Commissioning:
         self.proposal: dict[str, Any] | None = None
         self.acceptable = False
         self.accepted: Accepted | None = None
+        self.accepts = 0  # proposals accepted (measured gains: valvey.learned_age)
         self._base: dict[str, float | None] = {}
         self._t_start = 0.0
         self._t_return = 0.0
@@ -333,9 +334,10 @@ class Commissioning:
         applied: dict[str, Any] = {"kc_pct_per_k": pi["kc_pct_per_k"], "ti_s": pi["ti_s"],
                                    "ff_gain": gain}
         got = core.valves.restore_learned({k: v["stroke_time_s"] for k, v in p["valves"].items()
-                                           if v["stroke_time_s"] is not None})
+                                           if v["stroke_time_s"] is not None}, measured=True)
         applied["valve_stroke_s"] = {k: p["valves"][k]["stroke_time_s"] for k in got}
         self.accepted = (pi["kc_pct_per_k"], pi["ti_s"], gain, file_kc, file_ti, file_ff)
+        self.accepts += 1
         self.apply_accepted(core)
         self.phase = "accepted"
         return applied

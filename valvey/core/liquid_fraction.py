@@ -9,7 +9,8 @@ rack and the pipes, and a warming loop stores heat), averaged, and used only wit
 that window, the configured ``liquid_fraction`` is the fallback.
 
 Persisted by the daemon (valvey.persist: `LiquidFraction.saved`, `LiquidFraction.restore`,
-within the same window) so a restart does not fall back to the configured value for minutes;
+within the same window, and only while confirmed within ``control.learned_max_age_s``:
+valvey.learned_age) so a restart does not fall back to the configured value for minutes;
 ``reset_learned`` forgets it (`LiquidFraction.forget`). Published in ``state/safety``
 (``liquid_fraction``, ``liquid_fraction_learned``, ``liquid_fraction_source``: configured,
 restored from the file, or learned this run) and the ``cdu`` telemetry line.
@@ -70,6 +71,12 @@ class LiquidFraction:
         for a quarter of that again (the inputs are already 30 s averages at the default);
         or a saved value was restored."""
         return self._ratio.n >= self.s.liquid_steady_s / 4.0
+
+    @property
+    def own_samples(self) -> int:
+        """Steady ratios this run has averaged in since the last `forget` / `restore`: grows
+        with each measurement confirming the value (valvey.learned_age)."""
+        return self._own
 
     @property
     def value(self) -> float:

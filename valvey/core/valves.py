@@ -158,8 +158,8 @@ _new_valve_step = slots_constructor(ValveStep)  # ValveStep(...), every tick, al
 
 class _Check:
     __slots__ = ("expected", "fb_prev", "gap_prev", "mismatch", "moved_t", "ref_fb",
-                 "rest_band", "rest_cmd", "rest_fb", "rest_offset", "rest_t", "seg_dist",
-                 "seg_t", "since", "stroke_s", "t")
+                 "rest_band", "rest_cmd", "rest_fb", "rest_n", "rest_offset", "rest_t",
+                 "seg_dist", "seg_t", "since", "stroke_n", "stroke_s", "t")
 
     def __init__(self) -> None:
         self.expected: float | None = None
@@ -178,6 +178,8 @@ class _Check:
         self.rest_t: float | None = None
         self.rest_fb = 0.0
         self.rest_cmd = 0.0
+        self.stroke_n = 0  # stroke samples measured (valvey.learned_age: confirmations)
+        self.rest_n = 0  # rest samples averaged in (ditto)
 
 
 _val = fresh_value  # value if usable and fresh, else None
@@ -402,6 +404,7 @@ class ValveManager:
             sample = 100.0 * c.seg_t / c.seg_dist
             est = sample if c.stroke_s is None else 0.5 * (c.stroke_s + sample)
             c.stroke_s = min(s.stroke_max_s, max(s.stroke_min_s, est))
+            c.stroke_n += 1
             c.seg_dist = c.seg_t = 0.0
 
     def _learn_rest(self, c: _Check, cmd: float, fb: float, now: float) -> None:
@@ -424,6 +427,7 @@ class ValveManager:
         a = 1.0 / self.s.rest_samples
         off = e if c.rest_offset is None else c.rest_offset + (e - c.rest_offset) * a
         c.rest_offset = min(lim, max(-lim, off))
+        c.rest_n += 1
         dev = abs(e - c.rest_offset)
         c.rest_band = dev if c.rest_band is None else c.rest_band + (dev - c.rest_band) * a
 
@@ -464,10 +468,19 @@ class ValveManager:
                 done.append(u.name)
         return done
 
-    def restore_learned(self, learned: Mapping[str, Any]) -> list[str]:
+    def learned_samples(self) -> dict[str, tuple[int, int]]:
+        """By valve name: (stroke samples, rest samples) measured so far, counts that grow
+        with each measurement confirming `learned` / `learned_rest` (valvey.learned_age)."""
+        return {u.name: (c.stroke_n, c.rest_n)
+                for u, c in zip(self.units, self._checks, strict=True)}
+
+    def restore_learned(self, learned: Mapping[str, Any], *,
+                        measured: bool = False) -> list[str]:
         """Lay saved stroke times over the cold estimates; values outside
-        [stroke_min_s, stroke_max_s], non-numbers and unknown valves are skipped. Returns
-        the names of the valves restored."""
+        [stroke_min_s, stroke_max_s], non-numbers and unknown valves are skipped.
+        ``measured``: the strokes were measured just now (a commissioning run's): each one
+        taken counts as a stroke sample (`learned_samples`). Returns the names of the valves
+        restored."""
         s = self.s
         done = []
         for u, c in zip(self.units, self._checks, strict=True):
@@ -475,6 +488,7 @@ class ValveManager:
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) \
                     and s.stroke_min_s <= v <= s.stroke_max_s:
                 c.stroke_s = float(v)
+                c.stroke_n += int(measured)
                 done.append(u.name)
         return done
 
@@ -484,6 +498,7 @@ class ValveManager:
         for c in self._checks:
             c.stroke_s = c.rest_offset = c.rest_band = None
             c.seg_dist = c.seg_t = 0.0
+            c.stroke_n = c.rest_n = 0
 
     def _spare(self) -> int | None:
         if not self.s.second_valve:
