@@ -73,6 +73,9 @@ SCENARIO = "healthy-24h"
 BUDGET_W = 140_000.0
 """racky's rack budget, W: above the scenario's load, so racky watches and never caps."""
 ROW_RACKS = 8
+DAEMON_STOP_S = 45.0
+"""SIGTERM to SIGKILL for the daemons, s: above the sum of their stop budgets (outputs, state,
+MQTT, the telemetry drain) on a loaded host."""
 DRAIN_S = 2.0
 """Wait after the simulators stopped, s: QoS 0 telemetry in flight reaches racky."""
 
@@ -469,7 +472,7 @@ def row_run(tmp: Path, srv: Servers, n_racks: int, warmup_s: float, window_s: fl
         _stop_all(list(sims.values()))
         time.sleep(DRAIN_S)
         _stop_all([watch])
-        _stop_all(list(procs.values()))
+        _stop_all(list(procs.values()), timeout_s=DAEMON_STOP_S)
     finally:
         _stop_all([watch, *sims.values(), *(c for c, _ in daemons.values())])
     wall = t1 - t0
@@ -481,7 +484,10 @@ def row_run(tmp: Path, srv: Servers, n_racks: int, warmup_s: float, window_s: fl
     applied: dict[str, str] = {}
     for key, (child, path) in daemons.items():
         if not path.exists():
-            raise RuntimeError(f"no stats from {key}: {child.tail()}")
+            rc = child.proc.returncode
+            how = ("still running" if rc is None else "killed after the stop timeout"
+                   if rc == -9 else f"exit code {rc}")
+            raise RuntimeError(f"no stats from {key} ({how}): {child.tail()}")
         st = json.loads(path.read_text())
         applied[key] = str(st.get("sched", "other"))
         late[key] = window_lateness_ms(st["late_s"], st["tick_mono"], t0, t1)

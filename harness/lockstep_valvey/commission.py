@@ -73,8 +73,11 @@ class CommandPath:
         self.log: list[tuple[float, str, dict[str, Any]]] = []
 
     def register(self, verb: str, args_model: type[BaseModel],
-                 handler: Callable[[Any, CommandContext], Any], role: str = "operator") -> None:
-        """`rackplane.commands.CommandRouter.register`'s signature: keep the handler."""
+                 handler: Callable[[Any, CommandContext], Any], role: str = "operator",
+                 arg_check: Any = None) -> None:
+        """`rackplane.commands.CommandRouter.register`'s signature: keep the handler (the
+        bounds are checked by the handler itself; ``arg_check`` only adds them to a refusal
+        the args model already made, which these replies report as ``invalid_args``)."""
         self._verbs[verb] = (args_model, handler)
 
     def call(self, verb: str, args: dict[str, Any], now_mono: float) -> dict[str, Any]:
