@@ -28,6 +28,7 @@ that wants to judge them). The NATS user must be allowed the bucket's ``STREAM.I
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import sys
@@ -50,6 +51,14 @@ __all__ = ["FleetView", "fleet_app", "status"]
 fleet_app = typer_app(no_args_is_help=True,
                       help="The fleet tier (rlc): row budgets and budget leases.")
 cli.app.add_typer(fleet_app, name="fleet")
+
+
+def _key(v: Any) -> tuple[int, int] | None:
+    """A lease key ``[epoch, seq]`` from a record, None when absent or malformed."""
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return int(v[0]), int(v[1])
+    return None
 
 
 @dataclass(frozen=True)
@@ -83,9 +92,11 @@ class FleetView:
         """One rack's lease and report (W, s; ``now_wall_s`` this host's wall clock, Unix s).
 
         ``bound_w``: what rlc counts the rack may draw now: the lease's value while in force,
-        else the floor, and never below an older higher grant not yet acknowledged whose
-        expiry has not passed (rlc also waits its clock margin and the agents' cap TTL after
-        that expiry; this view, without rlc's timing, shows such grants in ``unreleased``).
+        else the floor, and never below an older higher grant not yet released: neither
+        acknowledged (racky's report, or the record's, acknowledges the key that releases it,
+        as `rlc.core.leases.is_released` counts it) nor past its expiry (rlc also waits its
+        clock margin and the agents' cap TTL after that expiry; this view, without rlc's
+        timing, shows such grants in ``unreleased``).
         ``report``: racky's figures (W: demand, enforced budget, read-back, floor, safe caps,
         ``power_w`` drawn now, ``cooling_w`` its cooling carries), ``age_s`` and ``stale``,
         and its status (`report_status`); None without a report.
@@ -100,6 +111,8 @@ class FleetView:
                                "unreleased": [], "report": None, "problems": []}
         probs: list[str] = out["problems"]
         bound = p.floor_w
+        unrel: list[tuple[float, float, tuple[int, int] | None]] = []
+        acked: tuple[int, int] | None = None
         got = self.budgets.get(p.rack)
         if got is None:
             probs.append("no_lease")
@@ -107,8 +120,11 @@ class FleetView:
             try:
                 d = json.loads(got[1])
                 lease = BudgetLease.from_record(d["lease"])
-                unrel = [(float(u["value_w"]), float(u["expires_at_s"]))
-                         for u in (d.get("ledger") or {}).get("unreleased", [])]
+                ledger = d.get("ledger") or {}
+                unrel = [(float(u["value_w"]), float(u["expires_at_s"]),
+                          _key(u.get("released_by")))
+                         for u in ledger.get("unreleased", [])]
+                acked = _key(ledger.get("acked"))
             except (ValueError, TypeError, KeyError, AttributeError):
                 probs.append("bad_budget")
             else:
@@ -117,15 +133,23 @@ class FleetView:
                 out["lease"] = {"value_w": lease.value_w, "epoch": lease.epoch,
                                 "seq": lease.seq, "expires_in_s": round(left, 1),
                                 "in_force": in_force, "revision": got[0]}
-                out["unreleased"] = [{"value_w": v, "expires_in_s": round(e - now_wall_s, 1)}
-                                     for v, e in unrel]
                 if in_force:
                     bound = max(bound, lease.value_w)
-                for v, e in unrel:
-                    if e > now_wall_s:
-                        bound = max(bound, v)
-        out["bound_w"] = bound
         rep_got = self.reports.get(p.rack)
+        rep_acked: tuple[int, int] | None = None
+        if rep_got is not None:
+            with contextlib.suppress(ValueError, TypeError):
+                rep_acked = RackReport.from_record(json.loads(rep_got[1])).acked
+        ack = max((k for k in (acked, rep_acked) if k is not None), default=None)
+        # what rlc counts released: acknowledged by the key that releases it, or expired
+        held = [(v, e) for v, e, by in unrel
+                if not (ack is not None and by is not None and ack >= by)]
+        out["unreleased"] = [{"value_w": v, "expires_in_s": round(e - now_wall_s, 1)}
+                             for v, e in held]
+        for v, e in held:
+            if e > now_wall_s:
+                bound = max(bound, v)
+        out["bound_w"] = bound
         if rep_got is not None:
             try:
                 rep = RackReport.from_record(json.loads(rep_got[1]))
@@ -242,15 +266,18 @@ def render(summary: dict[str, Any]) -> Group:
         head = Text(f"row {row}: limit {_w(r['limit_w'])} kW, drawing {power}, leases in "
                     f"force {_w(r['leased_w'])} kW, racks may draw {_w(r['bound_w'])} kW"
                     + (" OVER THE LIMIT" if r["over_limit"] else ""), style=style)
+        # two tables, each readable in 80 columns: the powers, then the leases' detail
+        rack_w = max([4, *(len(k) for k in r["racks"])])
         t = Table(title=head, title_justify="left", caption="powers in kW",
                   caption_justify="left")
-        t.add_column("rack", overflow="fold")
-        for col in ("power", "lease", "cooling", "may draw", "demand", "enforced"):
+        t.add_column("rack", no_wrap=True, min_width=rack_w)
+        for col in ("power", "lease", "cooling", "may draw", "demand", "enforced", "floor"):
             t.add_column(col, justify="right", no_wrap=True)
+        lt = Table(title=f"row {row}: leases", title_justify="left")
+        lt.add_column("rack", no_wrap=True, min_width=rack_w)
         for col in ("e/s", "left s", "unreleased", "acked", "age s"):
-            t.add_column(col, overflow="fold")
-        t.add_column("floor", justify="right", no_wrap=True)
-        t.add_column("problems", overflow="fold")
+            lt.add_column(col, no_wrap=True)
+        lt.add_column("problems", overflow="fold", min_width=8)
         st = Table(title=f"row {row}: racks' status", title_justify="left")
         for col in ("rack", "state", "pair"):
             st.add_column(col, overflow="fold")
@@ -260,17 +287,18 @@ def render(summary: dict[str, Any]) -> Group:
             t.add_row(
                 rack, _w(rep.get("power_w")), "" if le is None else _w(le["value_w"]),
                 _w(rep.get("cooling_w")), _w(s["bound_w"]),
-                _w(rep.get("demand_w")), _w(rep.get("budget_w")),
-                "" if le is None else f"{le['epoch']}/{le['seq']}",
+                _w(rep.get("demand_w")), _w(rep.get("budget_w")), _w(s["floor_w"]))
+            lt.add_row(
+                rack, "" if le is None else f"{le['epoch']}/{le['seq']}",
                 "" if le is None else (str(le["expires_in_s"]) if le["in_force"]
                                        else "expired"),
                 ", ".join(_w(u["value_w"]) for u in s["unreleased"]),
                 "" if rep.get("acked") is None else "/".join(map(str, rep["acked"])),
                 "" if not rep else str(rep["age_s"]) + (" stale" if rep["stale"] else ""),
-                _w(s["floor_w"]), Text(", ".join(s["problems"])))
+                Text(", ".join(s["problems"])))
             st.add_row(rack, (rep.get("lifecycle") or "?") if rep else "", _pair_cell(rep),
                        _alarms_cell(rep))
-        parts += [t, st]
+        parts += [t, lt, st]
     return Group(*parts)
 
 

@@ -248,8 +248,10 @@ class FleetLink:
         self._safe_above = above
         self.stats["safe_cap_above_trays"] = len(above)
         cooling = core.last.cooling_capacity_w if core.last is not None else None
+        limit = core.last.limit.limit_w if core.last is not None else None
         self._acked(self.side.observe(drawable, demand, inp, out, *self._now(),
-                                      agents_safe_dc_w=safe_dc, cooling_dc_w=cooling),
+                                      agents_safe_dc_w=safe_dc, cooling_dc_w=cooling,
+                                      limit_dc_w=limit),
                     drawable)
 
     def _acked(self, acked: bool, drawable_w: float | None) -> None:

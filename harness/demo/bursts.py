@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from harness.demo.record import Recorder
@@ -32,7 +33,8 @@ from sims.metrics import step_metrics, valve_activity
 from sims.scenario import FaultSpec, Scenario
 
 __all__ = ["BURSTS_FROM_S", "BURST_MAX_K", "BURST_MIN_WINDOW_S", "BURST_RMS_K",
-           "VALVE_DEADBAND_PCT", "burst_figures", "burst_window", "is_burst_load"]
+           "VALVE_DEADBAND_PCT", "burst_figures", "burst_window", "is_burst_load",
+           "setpoints_at"]
 
 BURSTS_FROM_S = 40.0
 """Start of the burst window, plant s: valvey and racky are up, valvey's feedforward is on
@@ -43,6 +45,22 @@ BURST_RMS_K = 0.15  # REFERENCE §5 S2: RMS ≤ 0.15 K
 BURST_MAX_K = 0.5  # REFERENCE §5 S2: max |ΔT_supply| ≤ 0.5 K
 VALVE_DEADBAND_PCT = 0.1
 """A valve command change larger than this between two control periods is a move, %."""
+
+
+def setpoints_at(loop_t: Sequence[float], loop_sp: Sequence[float], at: Sequence[float],
+                 default_c: float) -> list[float]:
+    """The setpoint in force at each of ``at`` (plant time, s): valvey's published setpoint
+    (``loop_t``/``loop_sp``, in time order) at or before it, ``default_c`` before the first.
+    The plant truth is scored against it, as valvey's PV is: an operator's ``set_setpoint``
+    moves both."""
+    out: list[float] = []
+    i, cur = 0, default_c
+    for t in at:
+        while i < len(loop_t) and loop_t[i] <= t:
+            cur = loop_sp[i]
+            i += 1
+        out.append(cur)
+    return out
 
 
 def is_burst_load(sc: Scenario) -> bool:
@@ -118,12 +136,14 @@ def burst_figures(sc: Scenario, rec: Recorder, end_t: float) -> dict[str, Any] |
     if t1 - t0 < BURST_MIN_WINDOW_S:
         return out
     sp_c = sc.plant.supply_setpoint_c
+    loop_t = [r["t_s"] for r in rec.loop]
+    loop_sp = [r.get("setpoint_c") or sp_c for r in rec.loop]
     out["valvey_pv"] = _error_figures(
-        [r["t_s"] for r in rec.loop], [r.get("supply_temp_c") for r in rec.loop],
-        [r.get("setpoint_c") or sp_c for r in rec.loop], t0, t1)
-    out["plant_truth"] = _error_figures(
-        [float(r["t_s"]) for r in rec.plant], [r.get("supply_temp_c") for r in rec.plant],
-        sp_c, t0, t1)
+        loop_t, [r.get("supply_temp_c") for r in rec.loop], loop_sp, t0, t1)
+    plant_t = [float(r["t_s"]) for r in rec.plant]
+    out["plant_truth"] = _error_figures(  # against the setpoint in force, as the PV
+        plant_t, [r.get("supply_temp_c") for r in rec.plant],
+        setpoints_at(loop_t, loop_sp, plant_t, sp_c), t0, t1)
     out["load"] = _load_figures(rec, t0, t1)
     out["valve"] = _valve_figures(rec, t0, t1)
     return out

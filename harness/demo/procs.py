@@ -212,9 +212,11 @@ def write_rackctl_config(path: Path, host: str, port: int, protocol: str) -> Non
 
 
 def access_lines(rackctl_toml: Path, host: str, port: int, protocol: str,
-                 broker_kind: str, racks: tuple[str, ...] = (DEMO_RACK,)) -> list[str]:
+                 broker_kind: str, racks: tuple[str, ...] = (DEMO_RACK,),
+                 rlc_toml: Path | None = None) -> list[str]:
     """How to reach the running demo: the broker, the operator, ready rackctl lines (the
-    rackctl file addresses the first of ``racks``; ``--rack`` the others)."""
+    rackctl file addresses the first of ``racks``; ``--rack`` the others; with rlc running,
+    ``rlc_toml`` its config: the row's ``rackctl fleet status`` line)."""
     cfg = rackctl_toml.resolve()
     # `rackctl` as the user's shell finds it: the venv's own path when its bin is not on PATH
     # (a second terminal after `make demo` has no activated venv)
@@ -232,6 +234,8 @@ def access_lines(rackctl_toml: Path, host: str, port: int, protocol: str,
         f"  (without the file: {rc} cmd valvey get_state --host {host} --port {port} "
         f"--username {OPERATOR} --rack {DEMO_RACK})",
         *[f"  {rc} watch valvey --rack {r}" for r in racks[1:]],
+        *([f"  {rc} fleet status --rlc-config {rlc_toml.resolve()}   # the row's leases"]
+          if rlc_toml is not None else []),
     ]
 
 

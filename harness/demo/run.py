@@ -312,7 +312,8 @@ async def run_demo(
                             f"{r.rec.racky_status}" for r in row) + f" (logs in {run_dir})",
                             markup=False)
                     for line in access_lines(rackctl_cfg, mqtt_host, mqtt_port, protocol,
-                                             broker_kind, names):
+                                             broker_kind, names,
+                                             run_dir / "rlc.toml" if fleet else None):
                         console.print(line, markup=False, highlight=False, soft_wrap=True)
                 state = _broker_state(link, mqtt_host, mqtt_port)
                 if not state.startswith("connected") and elapsed > BROKER_PROBE_S:

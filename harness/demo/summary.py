@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from harness.demo.bursts import BURST_MAX_K, BURST_RMS_K, is_burst_load
+from harness.demo.bursts import BURST_MAX_K, BURST_RMS_K, is_burst_load, setpoints_at
 from harness.demo.procs import DEMO_RACK
 from harness.demo.record import Recorder
 from sims.metrics import StepMetrics, step_metrics
@@ -201,6 +201,7 @@ def summarise(sc: Scenario, rec: Recorder, end_t: float) -> list[dict[str, Any]]
     sp = [r.get("setpoint_c") or sc.plant.supply_setpoint_c for r in rec.loop]
     tt = [r["t_s"] for r in rec.plant]
     true = [r["supply_temp_c"] for r in rec.plant]
+    true_sp = setpoints_at(t, sp, tt, sc.plant.supply_setpoint_c)
     out = []
     for label, t0, t1 in scoring_windows(sc):
         if t0 > end_t - 5:  # a step in the last seconds has no response to score yet
@@ -209,7 +210,7 @@ def summarise(sc: Scenario, rec: Recorder, end_t: float) -> list[dict[str, Any]]
                                "t1_s": min(t1, end_t) if t1 else end_t}
         for name, ts, vals, sps in (
             ("valvey_pv", t, pv, sp),
-            ("plant_truth", tt, true, sc.plant.supply_setpoint_c),
+            ("plant_truth", tt, true, true_sp),
         ):
             try:
                 m: StepMetrics | None = step_metrics(ts, vals, sps, t0, t1, BAND_K)

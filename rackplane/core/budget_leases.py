@@ -339,7 +339,9 @@ class RackReport:
 
     ``demand_w``: the power the rack wants (its trays' demand with headroom plus what is
     outside the trays; may exceed its budget; None: not known now); ``budget_w``: the budget
-    it enforces now (its lease's value, or its floor without a valid lease); ``floor_w``: its
+    it enforces now (its lease's value, or its floor without a valid lease; lower when racky's
+    own limit in force is lower: an operator's budget, the derate, the cooling, × the input
+    ratio); ``floor_w``: its
     configured safe floor; ``drawable_w``: the most its trays may draw as their agents report
     their **enforced** caps (None: not every tray reported); ``acked``: the newest lease
     (epoch, seq) whose value ``drawable_w`` is within (None: none yet); ``lease_valid``:

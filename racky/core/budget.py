@@ -79,6 +79,9 @@ class BudgetFollower:
     `FleetSide.observe`; None: not known)."""
     power_w: float | None = None
     """The shelves' AC input now, W (`RackReport.power_w`; set by `FleetSide.observe`)."""
+    enforced_w: float | None = None
+    """racky's own limit in force (AC W: its DC limit × the input ratio; an operator's budget,
+    the derate, the cooling), None when unknown: the report's ``budget_w`` is never above it."""
     lifecycle: str | None = None
     """The rack's lifecycle state (`RackReport.lifecycle`; set by `racky.fleet.FleetLink`)."""
     alarms: AlarmSummary | None = None
@@ -133,8 +136,11 @@ class BudgetFollower:
 
     def report(self, now_wall_s: float, now_mono_s: float) -> RackReport:
         """The rack key's record now."""
+        budget = self.budget_w(now_wall_s, now_mono_s)
+        if self.enforced_w is not None and math.isfinite(self.enforced_w):
+            budget = min(budget, self.enforced_w)  # a lower limit of racky's own is in force
         return RackReport(rack=self.rack, demand_w=self.demand_w,
-                          budget_w=self.budget_w(now_wall_s, now_mono_s), floor_w=self.floor_w,
+                          budget_w=budget, floor_w=self.floor_w,
                           drawable_w=self.drawable_w, acked=self.acked,
                           lease_valid=self.valid(now_wall_s, now_mono_s), at_s=now_wall_s,
                           agents_safe_w=self.agents_safe_w, cooling_w=self.cooling_w,
@@ -186,20 +192,24 @@ class FleetSide:
     def observe(self, drawable_dc_w: float | None, demand_dc_w: float | None,
                 input_w: float | None, output_w: float | None, now_wall_s: float,
                 now_mono_s: float, agents_safe_dc_w: float | None = None,
-                cooling_dc_w: float | None = None) -> bool:
+                cooling_dc_w: float | None = None, limit_dc_w: float | None = None) -> bool:
         """A step's figures in DC (`racky.fleet.rack_figures`; ``agents_safe_dc_w``: Σ of the
         agents' stated safe caps, `racky.fleet.agents_safe_figures`; ``cooling_dc_w``: the
         rack power its cooling carries, `racky.core.controller.CoreOutput.cooling_capacity_w`)
         and the shelves' input and output (W); True when a newer lease was acknowledged.
         The cooling capacity goes to the report × the input ratio (the lease bounds the feed:
         a DC budget of capacity / ratio is what racky's core gets for a lease of it), rounded
-        down to `COOLING_REPORT_STEP_W`; one not finite or < 0 is reported as unknown."""
+        down to `COOLING_REPORT_STEP_W`; one not finite or < 0 is reported as unknown.
+        ``limit_dc_w``: racky's limit in force (DC W, `LimitState.limit_w`), × the ratio the
+        report's enforced budget never exceeds (None: unknown)."""
         self.ratio.update(input_w, output_w, now_mono_s)
         r = self.ratio.value(now_mono_s)
         self.follower.power_w = None if input_w is None or not math.isfinite(input_w) else \
             round(input_w / POWER_REPORT_STEP_W) * POWER_REPORT_STEP_W
         self.follower.agents_safe_w = None if agents_safe_dc_w is None else \
             math.ceil(agents_safe_dc_w * r / SAFE_REPORT_STEP_W) * SAFE_REPORT_STEP_W
+        self.follower.enforced_w = None if limit_dc_w is None or not math.isfinite(
+            limit_dc_w) else limit_dc_w * r
         self.follower.cooling_w = None if cooling_dc_w is None or not (
             math.isfinite(cooling_dc_w) and cooling_dc_w >= 0) else \
             math.floor(cooling_dc_w * r / COOLING_REPORT_STEP_W) * COOLING_REPORT_STEP_W

@@ -228,3 +228,15 @@ def test_the_row_names_each_rack_s_load_pattern_live_and_in_its_summary() -> Non
                    row_power_max_t_s=None, instants=0, instants_missing=0,
                    over_limit_instants=0, checklist=[], plot=None, run_dir="run")
     assert [x.split(":")[0] for x in rack_lines(s)] == ["r12 (load step)", "r13 (agentic bursts)"]
+
+
+def test_the_plant_truth_is_scored_against_the_setpoint_in_force() -> None:
+    """After an operator's set_setpoint (the README's example moves r12 to 44 °C), the plant
+    truth is scored against the setpoint valvey published at each instant, as its PV is, not
+    the scenario's."""
+    from harness.demo.bursts import setpoints_at
+
+    loop_t, loop_sp = [10.0, 11.0, 50.0, 51.0], [45.0, 45.0, 44.0, 44.0]
+    assert setpoints_at(loop_t, loop_sp, [5.0, 10.0, 49.9, 50.0, 80.0], 45.0) == [
+        45.0, 45.0, 45.0, 44.0, 44.0]
+    assert setpoints_at([], [], [1.0, 2.0], 45.0) == [45.0, 45.0]

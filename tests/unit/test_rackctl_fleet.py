@@ -43,6 +43,33 @@ def test_the_lease_in_force_else_the_floor_and_older_grants_until_their_expiry()
     assert row["over_limit"] and not s["ok"]                             # 60 > 50 kW
 
 
+def test_an_older_grant_acknowledged_as_released_no_longer_counts_as_rlc_counts_it() -> None:
+    """rlc releases an older grant once racky acknowledges the key that released it
+    (`rlc.core.leases.is_released`), before its expiry: the view must not count it then (the
+    demo's row showed 'OVER THE LIMIT' while power moved between racks), and must while the
+    acknowledgement is older."""
+    lease = BudgetLease("ra", 30_000.0, NOW - 10.0, NOW + 5.0, 3, 4)
+    led = {"unreleased": [{"value_w": 60_000.0, "expires_at_s": NOW + 2.0, "life_s": 10.0,
+                           "released_by": [3, 4]}]}
+    budget = 5, json.dumps({"lease": lease.as_record(), "ledger": led}).encode()
+
+    def report(acked: tuple[int, int] | None) -> tuple[int, bytes]:
+        rep = RackReport("ra", 30_000.0, 30_000.0, 20_000.0, 29_000.0, acked, True, NOW - 1.0,
+                         None)
+        return 2, json.dumps(rep.as_record()).encode()
+
+    held = _view(budget, report((3, 3)))["rows"]["h/r"]  # type: ignore[index]
+    assert held["racks"]["ra"]["bound_w"] == 60_000.0 and held["over_limit"]
+    for ack in ((3, 4), (4, 1)):  # the releasing key, or a newer one
+        s = _view(budget, report(ack))
+        ra = s["rows"]["h/r"]["racks"]["ra"]  # type: ignore[index]
+        assert ra["bound_w"] == 30_000.0 and ra["unreleased"] == [] and s["ok"]
+    # the record's own ledger acknowledgement counts too (no report)
+    led_acked = {**led, "acked": [3, 4]}
+    s = _view((5, json.dumps({"lease": lease.as_record(), "ledger": led_acked}).encode()))
+    assert s["rows"]["h/r"]["racks"]["ra"]["bound_w"] == 30_000.0  # type: ignore[index]
+
+
 def test_records_that_do_not_decode_and_cross_checks_are_problems() -> None:
     s = _view((1, b"{not json"), (2, b'{"rack": "ra"}'))
     ra = s["rows"]["h/r"]["racks"]["ra"]  # type: ignore[index]
@@ -78,11 +105,25 @@ def _text(summary: dict[str, object]) -> str:
 
 
 def _cells(text: str) -> tuple[list[str], list[str]]:
-    """Rack ra's cells in the budget table and in the status table."""
+    """Rack ra's cells in the powers table and in the status table (the leases' table
+    between them)."""
     lines = [x for x in text.splitlines() if x.startswith("│ ra ")]
-    assert len(lines) == 2, text
-    budget, status = ([c.strip() for c in x.split("│")[1:-1]] for x in lines)
+    assert len(lines) == 3, text
+    budget, _leases, status = ([c.strip() for c in x.split("│")[1:-1]] for x in lines)
     return budget, status
+
+
+def test_the_tables_keep_every_column_readable_in_80_columns() -> None:
+    """An 80-column terminal squeezed the rack column to one character and blanked the lease
+    columns: the powers and the leases' detail are two tables now, each fitting."""
+    con = Console(record=True, width=80)
+    con.print(render(_view(_budget(30_000.0, 5.0, ((60_000.0, 2.0),)), _rep())))
+    text = con.export_text()
+    for head in ("rack", "power", "lease", "may draw", "enforced", "floor", "e/s", "left s",
+                 "unreleased", "acked", "age s", "problems", "state", "alarms"):
+        assert f" {head} " in text, head
+    assert all(len(x) <= 80 for x in text.splitlines())
+    assert sum(1 for x in text.splitlines() if x.startswith("│ ra ")) == 3
 
 
 def _stale_view(report: tuple[int, bytes]) -> dict[str, object]:

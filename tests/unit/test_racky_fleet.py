@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from rackplane.core.budget_leases import BudgetLease, RackReport
 from racky.config import RackyConfig
-from racky.core.budget import BudgetFollower
+from racky.core.budget import BudgetFollower, FleetSide, InputRatio
 from racky.fleet_settings import BEYOND_GRANT, agents_safe_total_w
 from tests.unit.test_racky_commands import make_rack
 
@@ -100,7 +100,6 @@ def test_fleet_floor_is_checked_against_the_agents_safe_caps() -> None:
 
 
 def test_input_ratio_learned_within_its_window_else_the_fallback() -> None:
-    from racky.core.budget import FleetSide, InputRatio
 
     r = InputRatio(1.10, window_s=60.0)
     assert r.value(0.0) == 1.10                            # nothing measured: the fallback
@@ -137,3 +136,20 @@ def test_fleet_floor_above_the_racks_capacity_is_refused() -> None:
     # a single rack (fleet off) is not checked
     assert RackyConfig.model_validate({"power": {"rack_capacity_w": 100_000.0},
                                        "fleet": {"floor_w": 9_000_000.0}}).fleet.floor_w
+
+
+def test_the_report_says_the_budget_racky_enforces_not_only_its_lease() -> None:
+    """An operator's lower budget (or the derate, or the cooling) is what racky enforces: the
+    report's budget_w is min(lease, racky's limit in force × the input ratio), so rlc's view
+    (`rackctl fleet status`, 'enforced') does not show the lease as enforced."""
+    f = BudgetFollower("r1", 20_000.0, 1.0)
+    side = FleetSide(f, InputRatio(1.10))
+    f.offer(lease(66_000.0), 0.0)
+    side.observe(None, None, None, None, WALL, 0.0)  # racky's limit unknown: the lease
+    assert f.report(WALL, 0.0).budget_w == pytest.approx(66_000.0)
+    side.observe(None, None, None, None, WALL, 0.0, limit_dc_w=50_000.0)  # operator: 50 kW DC
+    assert f.report(WALL, 0.0).budget_w == pytest.approx(55_000.0)  # × 1.10, AC
+    side.observe(None, None, None, None, WALL, 0.0, limit_dc_w=90_000.0)  # above the lease
+    assert f.report(WALL, 0.0).budget_w == pytest.approx(66_000.0)
+    side.observe(None, None, None, None, WALL, 0.0, limit_dc_w=float("nan"))
+    assert f.report(WALL, 0.0).budget_w == pytest.approx(66_000.0)
