@@ -337,9 +337,10 @@ def main(out: Path, quick: bool, only: Sequence[str] | None = None,
     m = machine_info()
     preamble = (
         f"Machine: {machine_line(m)}. {'Quick smoke' if quick else 'Full'} run, "
-        f"{time.monotonic() - t0:.0f} s wall. Medians of repeated runs with the spread in the "
-        "last column; ratios are measured side by side in the same run. How each figure is "
-        "made: docs/BENCHMARKS.md."
+        f"{time.monotonic() - t0:.0f} s wall. A figure measured over repeated runs is their "
+        "median, its spread in its detail (the last column); one measured once says so by its "
+        "window; ratios are measured side by side in the same run. How each figure is made: "
+        "docs/BENCHMARKS.md."
     )
     figures.append(Figure("bench.machine.cores", float(m["cores"] or 0), "cores",
                           detail=f"{m['cpu']}; {m['ram_gb']} GB; Python {m['python']}"))
