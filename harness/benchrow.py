@@ -40,6 +40,7 @@ import configparser
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -399,12 +400,20 @@ def host_busy_s() -> float:
 
 
 def _stop_all(kids: Sequence[Child], timeout_s: float = 20.0) -> None:
-    """SIGTERM every child at once, then wait for each (SIGKILL after ``timeout_s``)."""
+    """SIGTERM every child once, at once, then wait for them all (SIGKILL to those still
+    running ``timeout_s`` after the SIGTERM). One SIGTERM only: a second one reaching a
+    daemon after its stop removed its handlers (while it writes its stats and exits) would
+    end it by the default action, before its stats are written."""
     for k in kids:
         if k.alive():
             k.proc.terminate()
+    deadline = time.monotonic() + timeout_s
     for k in kids:
-        k.stop(timeout_s)
+        try:
+            k.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            k.proc.kill()
+            k.proc.wait(5)
 
 
 def _cpu(kids: dict[str, Child]) -> dict[str, float]:
