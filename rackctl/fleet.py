@@ -28,7 +28,6 @@ that wants to judge them). The NATS user must be allowed the bucket's ``STREAM.I
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import sys
@@ -136,10 +135,13 @@ class FleetView:
                 if in_force:
                     bound = max(bound, lease.value_w)
         rep_got = self.reports.get(p.rack)
-        rep_acked: tuple[int, int] | None = None
+        rep: RackReport | None = None
         if rep_got is not None:
-            with contextlib.suppress(ValueError, TypeError):
-                rep_acked = RackReport.from_record(json.loads(rep_got[1])).acked
+            try:
+                rep = RackReport.from_record(json.loads(rep_got[1]))
+            except (ValueError, TypeError):
+                probs.append("bad_report")
+        rep_acked = rep.acked if rep is not None else None
         ack = max((k for k in (acked, rep_acked) if k is not None), default=None)
         # what rlc counts released: acknowledged by the key that releases it, or expired
         held = [(v, e) for v, e, by in unrel
@@ -150,29 +152,24 @@ class FleetView:
             if e > now_wall_s:
                 bound = max(bound, v)
         out["bound_w"] = bound
-        if rep_got is not None:
-            try:
-                rep = RackReport.from_record(json.loads(rep_got[1]))
-            except (ValueError, TypeError):
-                probs.append("bad_report")
-            else:
-                age = now_wall_s - rep.at_s
-                out["report"] = {"demand_w": rep.demand_w, "budget_w": rep.budget_w,
-                                 "drawable_w": rep.drawable_w,
-                                 "acked": None if rep.acked is None else list(rep.acked),
-                                 "lease_valid": rep.lease_valid,
-                                 "age_s": round(age, 1), "stale": age > self.stale_after_s,
-                                 "floor_w": rep.floor_w, "agents_safe_w": rep.agents_safe_w,
-                                 "power_w": rep.power_w, "cooling_w": rep.cooling_w,
-                                 **report_status(rep)}
-                if rep.refused:
-                    probs.append("bad_status")
-                if rep.floor_w > p.floor_w + FLOOR_TOLERANCE_W:
-                    probs.append("floor_above")
-                elif rep.floor_w < p.floor_w - FLOOR_TOLERANCE_W:
-                    probs.append("floor_below")
-                if rep.agents_safe_w is not None and rep.agents_safe_w > p.floor_w:
-                    probs.append("agents_safe_above_floor")
+        if rep is not None:  # the report, decoded once above
+            age = now_wall_s - rep.at_s
+            out["report"] = {"demand_w": rep.demand_w, "budget_w": rep.budget_w,
+                             "drawable_w": rep.drawable_w,
+                             "acked": None if rep.acked is None else list(rep.acked),
+                             "lease_valid": rep.lease_valid,
+                             "age_s": round(age, 1), "stale": age > self.stale_after_s,
+                             "floor_w": rep.floor_w, "agents_safe_w": rep.agents_safe_w,
+                             "power_w": rep.power_w, "cooling_w": rep.cooling_w,
+                             **report_status(rep)}
+            if rep.refused:
+                probs.append("bad_status")
+            if rep.floor_w > p.floor_w + FLOOR_TOLERANCE_W:
+                probs.append("floor_above")
+            elif rep.floor_w < p.floor_w - FLOOR_TOLERANCE_W:
+                probs.append("floor_below")
+            if rep.agents_safe_w is not None and rep.agents_safe_w > p.floor_w:
+                probs.append("agents_safe_above_floor")
         return out
 
     def summary(self, now_wall_s: float) -> dict[str, Any]:
